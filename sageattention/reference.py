@@ -1,0 +1,373 @@
+"""Pure-torch model of the quantized attention pipeline: the test oracle.
+
+Everything here runs on the CPU as well as on a GPU, and mirrors step by step what the
+kernels compute, so a kernel can be checked *tightly* against it (same quantization groups,
+same rounding, same online-softmax block order), and the reference itself can be checked
+against exact float64 attention.
+
+Pipeline (SageAttention 2 style):
+
+1. K smoothing: ``k - mean_over_tokens(k)`` per (batch, kv-head, channel). Exact for the
+   output, because ``q . km`` is constant along a softmax row; only the LSE needs
+   ``sm_scale * q . km`` added back.
+2. Q is multiplied by ``sm_scale * log2(e)`` (softmax in base 2), then Q and K are quantized
+   to symmetric INT8 with one fp32 scale per group of tokens (see :func:`int8_groups`).
+3. ``S = (Qi8 Ki8^T) * q_scale * k_scale`` (exact integer products).
+4. Online softmax over KV blocks of ``block_n`` tokens: running max ``m`` and denominator
+   ``l`` in fp32; ``P = exp2(S - m)``; ``l`` sums the unrounded ``P``.
+5. PV: ``P`` rounded to the PV operand type (fp16, bf16, or fp8 e4m3 after scaling into
+   [0, 448]); V in fp16/bf16 or fp8 e4m3 per channel; the per-block product is accumulated
+   either straight into fp32 or first in a per-block fp16 accumulator that is then added to
+   the fp32 one ("two-level accumulation").
+6. ``O = acc / l`` (times the per-channel V scale for fp8 V, plus the V mean if V was
+   smoothed); ``lse = (m + log2 l) * ln 2 + sm_scale * q . km``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+import torch
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+FP8_E4M3_MAX = 448.0
+# Smallest amax used to derive a scale: an all-zero group gets a finite scale and
+# quantizes to zeros instead of 0/0.
+AMAX_EPS = 1e-12
+
+GRANULARITIES = ("per_block", "per_warp", "per_thread", "per_token")
+PV_TYPES = ("fp16", "bf16", "fp8")
+PV_ACCUMS = ("fp32", "fp16+fp32", "fp32+fp32", "fp32+fp16")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How the quantized pipeline is parameterised.
+
+    ``blk_q``/``blk_k`` are the Q/K block sizes of per-block quantization (and the chunk
+    sizes that per-warp/per-thread groups live in), ``warp_q``/``warp_k`` the per-warp
+    chunk sizes, ``block_n`` the KV block of the online softmax (the kernel's tile).
+    """
+
+    qk_gran: str = "per_block"
+    q_gran: Optional[str] = None  # overrides qk_gran for Q
+    k_gran: Optional[str] = None  # overrides qk_gran for K
+    blk_q: int = 128
+    blk_k: int = 64
+    warp_q: int = 32
+    warp_k: int = 64
+    block_n: int = 64
+    pv: str = "fp16"
+    pv_accum: str = "fp32"
+    smooth_k: bool = True
+    smooth_v: bool = False
+    v_scale_max: float = FP8_E4M3_MAX
+    p_scale: float = FP8_E4M3_MAX
+
+    def __post_init__(self):
+        for name in ("qk_gran", "q_gran", "k_gran"):
+            g = getattr(self, name)
+            if g is not None and g not in GRANULARITIES:
+                raise ValueError(f"{name} must be one of {GRANULARITIES}, got {g!r}")
+        if self.pv not in PV_TYPES:
+            raise ValueError(f"pv must be one of {PV_TYPES}, got {self.pv!r}")
+        if self.pv_accum not in PV_ACCUMS:
+            raise ValueError(f"pv_accum must be one of {PV_ACCUMS}, got {self.pv_accum!r}")
+        for name in ("blk_q", "blk_k", "warp_q", "warp_k", "block_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.blk_q % self.warp_q or self.blk_k % self.warp_k:
+            raise ValueError("blk_q/blk_k must be multiples of warp_q/warp_k")
+
+    def with_(self, **kw) -> "QuantConfig":
+        return replace(self, **kw)
+
+    def gran(self, role: str) -> str:
+        """Granularity used for ``role`` ("q" or "k")."""
+        own = self.q_gran if role == "q" else self.k_gran
+        return own or self.qk_gran
+
+
+# --------------------------------------------------------------------------------------
+# layouts
+
+
+def to_hnd(x: torch.Tensor, tensor_layout: str) -> torch.Tensor:
+    """[B, H, N, D] view of a 4-D tensor given in ``tensor_layout``."""
+    if tensor_layout == "HND":
+        return x
+    if tensor_layout == "NHD":
+        return x.transpose(1, 2)
+    raise ValueError(f"tensor_layout must be 'HND' or 'NHD', got {tensor_layout!r}")
+
+
+def from_hnd(x: torch.Tensor, tensor_layout: str) -> torch.Tensor:
+    return x if tensor_layout == "HND" else x.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------
+# INT8 quantization
+
+
+def int8_groups(n: int, role: str, cfg: QuantConfig, device=None) -> Tuple[torch.Tensor, int]:
+    """Scale-group index of each of ``n`` tokens, and the number of groups.
+
+    ``role`` is ``"q"`` or ``"k"``. Granularities (upstream's definitions, plus per-token):
+
+    - per_block: ``blk_q`` (Q) / ``blk_k`` (K) consecutive tokens share a scale;
+    - per_warp: Q in chunks of ``warp_q`` tokens; K per block (as upstream: a K "warp" chunk
+      is the whole block);
+    - per_thread: inside each ``warp_q`` chunk, Q token t shares a scale with t+8, t+16, ...
+      (8 groups per chunk); inside each ``warp_k`` chunk, K tokens whose index mod 8 is in
+      {2g, 2g+1} share a scale (4 groups per chunk) — the rows/columns one thread of an
+      m16n8k32 MMA fragment holds;
+    - per_token: one scale per token.
+    """
+    if role not in ("q", "k"):
+        raise ValueError(f"role must be 'q' or 'k', got {role!r}")
+    t = torch.arange(n, device=device)
+    g = cfg.gran(role)
+    blk = cfg.blk_q if role == "q" else cfg.blk_k
+    if g == "per_token":
+        return t, n
+    if g == "per_block" or (g == "per_warp" and role == "k"):
+        return t // blk, -(-n // blk)
+    if g == "per_warp":
+        return t // cfg.warp_q, -(-n // cfg.warp_q)
+    # per_thread
+    if role == "q":
+        chunk, per_chunk, sub = cfg.warp_q, 8, t % 8
+    else:
+        chunk, per_chunk, sub = cfg.warp_k, 4, (t % 8) // 2
+    return (t // chunk) * per_chunk + sub, -(-n // chunk) * per_chunk
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest, ties away from zero (what the kernels do before the int cast)."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def quantize_int8(
+    x: torch.Tensor, groups: torch.Tensor, n_groups: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 of ``x [..., N, D]`` (fp32) with one scale per token group.
+
+    Returns ``(xq, scale)``: ``xq`` holds the integer values (as fp32, in [-127, 127]) and
+    ``scale [..., n_groups]`` the fp32 scales; ``xq * scale[groups]`` approximates ``x``.
+    The kernels compute ``x * (127 / amax)`` and round half away from zero; so does this.
+    """
+    x = x.float()
+    row_amax = x.abs().amax(dim=-1)  # [..., N]
+    shape = row_amax.shape[:-1] + (n_groups,)
+    amax = torch.zeros(shape, dtype=torch.float32, device=x.device)
+    amax = amax.scatter_reduce(-1, groups.expand_as(row_amax), row_amax, reduce="amax")
+    amax = amax.clamp_min(AMAX_EPS)
+    inv = (torch.full_like(amax, 127.0) / amax)[..., groups]  # [..., N], IEEE fp32 division
+    xq = round_half_away(x * inv.unsqueeze(-1)).clamp_(-127, 127)
+    return xq, amax / 127.0
+
+
+# --------------------------------------------------------------------------------------
+# V and P for the PV product
+
+
+def round_to(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Round fp32/fp64 values to the PV operand type and back (fp8: e4m3, saturating)."""
+    if kind == "fp16":
+        return x.to(torch.float16).to(x.dtype)
+    if kind == "bf16":
+        return x.to(torch.bfloat16).to(x.dtype)
+    if kind == "fp8":
+        xc = x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+        return xc.to(torch.float8_e4m3fn).to(x.dtype)
+    raise ValueError(kind)
+
+
+def quantize_v_fp8(
+    v: torch.Tensor, scale_max: float = FP8_E4M3_MAX, smooth: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Per-channel FP8 e4m3 of ``v [..., N, D]``.
+
+    Returns ``(vq, v_scale [..., D], vm [..., D] or None)`` with
+    ``v ~= vq * v_scale (+ vm)``; a constant or all-zero channel gets a finite scale.
+    """
+    v = v.float()
+    vm = None
+    if smooth:
+        vm = v.mean(dim=-2)
+        v = v - vm.unsqueeze(-2)
+    amax = v.abs().amax(dim=-2).clamp_min(AMAX_EPS)  # [..., D]
+    vq = round_to(v * (scale_max / amax).unsqueeze(-2), "fp8")
+    return vq, amax / scale_max, vm
+
+
+# --------------------------------------------------------------------------------------
+# exact attention
+
+
+def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
+    hk = x.shape[1]
+    return x if hk == hq else x.repeat_interleave(hq // hk, dim=1)
+
+
+def causal_mask(nq: int, nk: int, device=None) -> torch.Tensor:
+    """True where query i may see key j: j <= i (top-left aligned, as torch's SDPA)."""
+    i = torch.arange(nq, device=device)[:, None]
+    j = torch.arange(nk, device=device)[None, :]
+    return j <= i
+
+
+def attention_exact(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: Optional[float] = None,
+    return_lse: bool = False,
+    dtype: torch.dtype = torch.float64,
+):
+    """Plain softmax attention in ``dtype`` (float64 by default). GQA, Nq != Nk, top-left causal.
+
+    Returns the output in ``dtype`` and the given layout, and with ``return_lse`` the
+    natural-log softmax denominator ``[B, Hq, Nq]``.
+    """
+    qh, kh, vh = (to_hnd(t, tensor_layout).to(dtype) for t in (q, k, v))
+    hq = qh.shape[1]
+    kh, vh = _expand_kv(kh, hq), _expand_kv(vh, hq)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), vh)
+    o = from_hnd(o, tensor_layout)
+    return (o, lse) if return_lse else o
+
+
+# --------------------------------------------------------------------------------------
+# the quantized pipeline
+
+
+def quantize_qk(q_hnd, k_hnd, sm_scale: float, cfg: QuantConfig):
+    """Steps 1-2 on [B, H, N, D] tensors. Returns (qq, qs, qg, kq, ks, kg, km)."""
+    k32 = k_hnd.float()
+    km = None
+    if cfg.smooth_k:
+        km = k32.mean(dim=-2)  # [B, Hkv, D]
+        k32 = k32 - km.unsqueeze(-2)
+    # the kernels receive sm_scale * log2(e) as an fp32 scalar: round it the same way
+    q32 = q_hnd.float() * torch.tensor(sm_scale * LOG2E, dtype=torch.float32)
+    qg, nqg = int8_groups(q_hnd.shape[-2], "q", cfg, q_hnd.device)
+    kg, nkg = int8_groups(k_hnd.shape[-2], "k", cfg, k_hnd.device)
+    qq, qs = quantize_int8(q32, qg, nqg)
+    kq, ks = quantize_int8(k32, kg, nkg)
+    return qq, qs, qg, kq, ks, kg, km
+
+
+def attention_quantized(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: Optional[float] = None,
+    return_lse: bool = False,
+    cfg: QuantConfig = QuantConfig(),
+):
+    """The quantized attention of the kernels, in torch. Output in q's dtype and layout.
+
+    fp16/bf16/fp8 rounding is modelled exactly; everything else runs in float64 so that
+    the only differences from exact attention are the quantization steps.
+    """
+    qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
+    B, hq, nq, d = qh.shape
+    hk, nk = kh.shape[1], kh.shape[2]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    f64 = torch.float64
+
+    qq, qs, qg, kq, ks, kg, km = quantize_qk(qh, kh, scale, cfg)
+    # dequantization factors per token (fp32 as in the kernels)
+    q_tok = qs[..., qg]  # [B, hq, nq]
+    k_tok = ks[..., kg]  # [B, hk, nk]
+
+    # V operand
+    vm = v_scale = None
+    if cfg.pv == "fp8":
+        vop, v_scale, vm = quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v)
+    else:
+        v32 = vh.float()
+        if cfg.smooth_v:
+            vm = v32.mean(dim=-2)
+            v32 = v32 - vm.unsqueeze(-2)
+        vop = round_to(v32, cfg.pv)
+    # broadcast KV heads to Q heads (GQA) after quantization: groups are per KV head
+    kq, k_tok, vop = (_expand_kv(t, hq) for t in (kq, k_tok, vop))
+    if v_scale is not None:
+        v_scale = _expand_kv(v_scale, hq)
+    if vm is not None:
+        vm = _expand_kv(vm, hq)
+
+    s_int = torch.matmul(qq.to(f64), kq.to(f64).transpose(-1, -2))  # exact integers
+    # scaling in fp32, as the kernels do (int32 -> fp32, times fp32 scales)
+    s = (s_int.float() * q_tok.unsqueeze(-1) * k_tok.unsqueeze(-2)).to(f64)
+    if is_causal:
+        s = s.masked_fill(~causal_mask(nq, nk, s.device), float("-inf"))
+
+    m = torch.full((B, hq, nq), float("-inf"), dtype=f64, device=q.device)
+    l = torch.zeros((B, hq, nq), dtype=f64, device=q.device)
+    acc = torch.zeros((B, hq, nq, d), dtype=f64, device=q.device)
+    block_acc = {"fp16+fp32": "fp16", "fp32+fp16": "fp16"}.get(cfg.pv_accum)
+    for j0 in range(0, nk, cfg.block_n):
+        sb = s[..., j0 : j0 + cfg.block_n]
+        m_new = torch.maximum(m, sb.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp2(m - m_safe)
+        p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
+        l = l * alpha + p.sum(dim=-1)
+        pr = round_to(p * cfg.p_scale, "fp8") / cfg.p_scale if cfg.pv == "fp8" else round_to(p, cfg.pv)
+        blk = torch.matmul(pr, vop[..., j0 : j0 + cfg.block_n, :].to(f64))
+        if block_acc is not None:
+            # per-block accumulator of limited range: the kernel sums p_scaled * v there
+            scaled = blk * (cfg.p_scale if cfg.pv == "fp8" else 1.0)
+            blk = round_to(scaled, block_acc) / (cfg.p_scale if cfg.pv == "fp8" else 1.0)
+        acc = acc * alpha.unsqueeze(-1) + blk
+        m = m_new
+    l_safe = torch.where(l == 0, torch.ones_like(l), l)
+    o = acc / l_safe.unsqueeze(-1)
+    if v_scale is not None:
+        o = o * v_scale.unsqueeze(-2).to(f64)
+    if vm is not None:
+        o = o + vm.unsqueeze(-2).to(f64)
+    o = from_hnd(o.to(q.dtype), tensor_layout)
+    if not return_lse:
+        return o
+    lse = (m + torch.log2(l)) * LN2  # natural log of sum exp(S * sm_scale) w.r.t. smoothed K
+    if km is not None:
+        qkm = torch.matmul(qh.to(f64), _expand_kv(km, hq).to(f64).unsqueeze(-1)).squeeze(-1)
+        lse = lse + scale * qkm
+    return o, lse.float()
+
+
+# --------------------------------------------------------------------------------------
+# metrics
+
+
+def error_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """cosine similarity, relative L1 and RMSE of ``out`` against ``ref`` (flattened, fp64)."""
+    a = out.detach().to(torch.float64).flatten()
+    b = ref.detach().to(torch.float64).flatten()
+    denom = torch.sqrt((a * a).sum() * (b * b).sum())
+    cos = float((a * b).sum() / denom) if float(denom) > 0 else float(torch.equal(a, b))
+    l1 = float((a - b).abs().sum())
+    ref_l1 = float(b.abs().sum())
+    return {
+        "cos": cos,
+        "rel_l1": l1 / ref_l1 if ref_l1 > 0 else (0.0 if l1 == 0 else math.inf),
+        "rmse": float(torch.sqrt(((a - b) ** 2).mean())) if a.numel() else 0.0,
+        "max_abs": float((a - b).abs().max()) if a.numel() else 0.0,
+        "finite": bool(torch.isfinite(a).all()),
+    }

@@ -1,0 +1,82 @@
+"""Input makers and accuracy assertions shared by the tests."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from sageattention.reference import error_metrics
+
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0, seed=0):
+    """Random normal q, k, v in ``layout``; K gets a per-channel bias of ``k_bias`` sigma."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(h, n):
+        return torch.randn(b, h, n, d, generator=g)
+
+    q, k, v = rnd(hq, nq), rnd(hk, nk), rnd(hk, nk)
+    if k_bias:
+        k = k + k_bias * torch.randn(1, 1, 1, d, generator=g)
+    out = []
+    for t in (q, k, v):
+        t = t.to(dtype)
+        if layout == "NHD":
+            t = t.transpose(1, 2).contiguous()
+        out.append(t.to(device))
+    return out
+
+
+def hnd(t, layout):
+    return t if layout == "HND" else t.transpose(1, 2)
+
+
+def sdpa_fp32(q, k, v, layout, is_causal=False, scale=None):
+    """torch's SDPA in fp32 (math backend), GQA by repeating K/V heads."""
+    qh, kh, vh = (hnd(t, layout).float() for t in (q, k, v))
+    rep = qh.shape[1] // kh.shape[1]
+    if rep > 1:
+        kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale)
+    return o if layout == "HND" else o.transpose(1, 2)
+
+
+def tol_vs_reference(dtype):
+    """(min cos, max rel-L1) of a kernel against the reference of the same quantized math.
+
+    They differ only by fp32 evaluation order, exp2 approximations and, rarely, an INT8
+    value rounded the other way at a tie; the interpreter also rounds bf16 toward zero.
+    """
+    if dtype == torch.bfloat16:
+        return (0.99995, 8e-3) if INTERPRETER else (0.99998, 4e-3)
+    return (0.999995, 1.5e-3)
+
+
+def assert_close_to_reference(out, ref, dtype, what=""):
+    m = error_metrics(out, ref)
+    cos, l1 = tol_vs_reference(dtype)
+    assert m["finite"], f"{what}: non-finite output"
+    assert m["cos"] >= cos and m["rel_l1"] <= l1, f"{what}: vs reference {m} (need cos>={cos}, rel_l1<={l1})"
+    return m
+
+
+# Against fp32 attention, random normal inputs: INT8 Q/K is the dominant error. The
+# reference's worst case over D 40..256, N 1..1000, causal, GQA, Nq != Nk was cos 0.99993,
+# rel-L1 0.012, |LSE error| 0.03; these bounds leave about 2x room.
+COS_VS_FP32 = 0.9995
+L1_VS_FP32 = 0.025
+LSE_VS_FP32 = 0.08
+
+
+def assert_close_to_fp32(out, ref, what="", cos=COS_VS_FP32, l1=L1_VS_FP32):
+    m = error_metrics(out, ref)
+    assert m["finite"], f"{what}: non-finite output"
+    assert m["cos"] >= cos and m["rel_l1"] <= l1, f"{what}: vs fp32 {m} (need cos>={cos}, rel_l1<={l1})"
+    return m

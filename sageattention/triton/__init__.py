@@ -1,0 +1,115 @@
+"""Triton backend: K mean, fused INT8 quantization of Q and K, then the attention kernel.
+
+Three launches per call: the K mean (torch), one quantization kernel for Q and K, one
+attention kernel. Arguments are validated by the caller (:mod:`sageattention.core`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import torch
+
+from .attn import AttnConfig, attn_int8, block_d_for, choose_config
+from .quant import QuantQK, Varlen, padded_offsets, quant_qk_int8
+
+__all__ = ["AttnConfig", "choose_config", "block_d_for", "forward", "forward_varlen", "config_for"]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_limits(index: int):
+    cap = torch.cuda.get_device_capability(index)
+    props = torch.cuda.get_device_properties(index)
+    smem = getattr(props, "shared_memory_per_block_optin", None)
+    return cap, smem
+
+
+def config_for(head_dim: int, dtype: torch.dtype, device: torch.device) -> AttnConfig:
+    """The configuration :func:`forward` uses for these inputs on ``device``."""
+    if device.type == "cuda":
+        cap, smem = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
+        return choose_config(head_dim, dtype, cap, smem)
+    return choose_config(head_dim, dtype)  # Triton interpreter (tests on the CPU)
+
+
+def forward(
+    q4: torch.Tensor,
+    k4: torch.Tensor,
+    v4: torch.Tensor,
+    o4: torch.Tensor,
+    *,
+    is_causal: bool,
+    sm_scale: float,
+    smooth_k: bool,
+    return_lse: bool,
+    config: Optional[AttnConfig] = None,
+) -> Optional[torch.Tensor]:
+    """Attention of [B, H, N, D] views into ``o4`` (a [B, Hq, Nq, D] view of the output).
+
+    Returns the LSE [B, Hq, Nq] (fp32, natural log) when ``return_lse``.
+    """
+    B, h_q, n_q, D = q4.shape
+    n_k = k4.shape[2]
+    cfg = config or config_for(D, q4.dtype, q4.device)
+    km = k4.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    qq = quant_qk_int8(
+        q4, k4, km, sm_scale,
+        block_q=cfg.block_m, block_k=cfg.block_n, block_d=cfg.block_d,
+        q_per_token=cfg.q_per_token, k_per_token=cfg.k_per_token,
+        lse_corr=return_lse and smooth_k,
+    )
+    lse = torch.empty((B, h_q, n_q), dtype=torch.float32, device=q4.device) if return_lse else None
+    attn_int8(qq, v4, o4, lse, cfg, n_q=n_q, n_k=n_k, is_causal=is_causal)
+    return lse
+
+
+def forward_varlen(
+    q3: torch.Tensor,
+    k3: torch.Tensor,
+    v3: torch.Tensor,
+    o3: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    lens_k: Sequence[int],
+    max_q: int,
+    max_k: int,
+    *,
+    is_causal: bool,
+    sm_scale: float,
+    smooth_k: bool,
+    return_lse: bool,
+    config: Optional[AttnConfig] = None,
+) -> Optional[torch.Tensor]:
+    """Attention of packed [total, H, D] sequences; K is smoothed per sequence.
+
+    ``cu_q``/``cu_k`` are int32 offsets on the device, ``lens_k`` the K lengths on the host.
+    Returns the LSE [Hq, total_q] when ``return_lse``.
+    """
+    total_q, h_q, D = q3.shape
+    total_k, h_k, _ = k3.shape
+    nb = cu_q.numel() - 1
+    cfg = config or config_for(D, q3.dtype, q3.device)
+    q4, k4, v4, o4 = (t.unsqueeze(0).transpose(1, 2) for t in (q3, k3, v3, o3))
+    km = None
+    if smooth_k:
+        lens = torch.tensor(list(lens_k), dtype=torch.int64, device=k3.device)
+        seg = torch.repeat_interleave(torch.arange(nb, device=k3.device), lens, output_size=total_k)
+        km = torch.zeros((nb, h_k, D), dtype=torch.float32, device=k3.device)
+        km.index_add_(0, seg, k3.float())
+        km /= lens.clamp_min(1).to(torch.float32)[:, None, None]
+    cu_pad_q, rows_q = padded_offsets(cu_q, cfg.block_m, total_q)
+    cu_pad_k, rows_k = padded_offsets(cu_k, cfg.block_n, total_k)
+    vl = Varlen(cu_q, cu_k, cu_pad_q, cu_pad_k, max_q, max_k, rows_q, rows_k)
+    qq = quant_qk_int8(
+        q4, k4, km, sm_scale,
+        block_q=cfg.block_m, block_k=cfg.block_n, block_d=cfg.block_d,
+        q_per_token=cfg.q_per_token, k_per_token=cfg.k_per_token,
+        lse_corr=return_lse and smooth_k, varlen=vl,
+    )
+    lse = torch.empty((h_q, total_q), dtype=torch.float32, device=q3.device) if return_lse else None
+    attn_int8(qq, v4, o4, lse, cfg, n_q=max_q, n_k=max_k, is_causal=is_causal, varlen=vl)
+    return lse
+
+
+__all__ += ["QuantQK", "Varlen"]

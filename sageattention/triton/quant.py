@@ -1,0 +1,229 @@
+"""Fused INT8 quantization of Q and K (one launch for both tensors).
+
+Input: Q and K as [B, H, N, D] views (any strides, last dim contiguous) or, for varlen,
+packed [1, H, total, D] views with per-sequence offsets. Output: INT8 tensors in the layout
+the attention kernel reads, ``[B, H, N_pad, BLOCK_D]`` contiguous (N padded to the
+quantization block, D padded to a power of two with zeros), and fp32 scales.
+
+Per program: one block of tokens of one head. K has its per-(batch, head) channel mean
+subtracted first (smoothing); Q is multiplied by ``sm_scale * log2(e)`` first, and when the
+caller wants the LSE, the same program writes ``sm_scale * log2(e) * q . km`` per token (the
+LSE correction for smoothing, in log2 units).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference import AMAX_EPS
+
+_EPS = tl.constexpr(AMAX_EPS)  # kernels may only read constexpr globals
+
+
+@triton.jit
+def _quant_block(
+    X, x_sb, x_sh, x_sn,
+    XO, xo_sb, xo_sh,
+    XS, xs_sb, xs_sh,
+    KM, km_sb, km_sh,
+    QKM, qkm_sb, qkm_sh,
+    b, h, hm, blk, seq_len, x_row0, o_row0, pre_scale,
+    D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PER_TOKEN: tl.constexpr,
+    SUB_MEAN: tl.constexpr, DOT_MEAN: tl.constexpr,
+):
+    offs_r = blk * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid_r = offs_r < seq_len
+    valid_d = offs_d < D
+    x_ptrs = (X + b.to(tl.int64) * x_sb + h.to(tl.int64) * x_sh
+              + (x_row0 + offs_r).to(tl.int64)[:, None] * x_sn + offs_d[None, :])
+    x = tl.load(x_ptrs, mask=valid_r[:, None] & valid_d[None, :], other=0.0).to(tl.float32)
+    if SUB_MEAN or DOT_MEAN:
+        km = tl.load(KM + b.to(tl.int64) * km_sb + hm.to(tl.int64) * km_sh + offs_d,
+                     mask=valid_d, other=0.0)
+    if SUB_MEAN:
+        x = tl.where(valid_r[:, None], x - km[None, :], 0.0)
+    x = x * pre_scale
+    if DOT_MEAN:
+        qkm = tl.sum(x * km[None, :], axis=1)
+        tl.store(QKM + b.to(tl.int64) * qkm_sb + h.to(tl.int64) * qkm_sh + o_row0 + offs_r, qkm)
+    if PER_TOKEN:
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), _EPS)
+        xs = x * (127.0 / amax)[:, None]
+    else:
+        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), _EPS)
+        xs = x * (127.0 / amax)
+    xq = tl.where(xs >= 0, xs + 0.5, xs - 0.5).to(tl.int8)
+    o_ptrs = (XO + b.to(tl.int64) * xo_sb + h.to(tl.int64) * xo_sh
+              + (o_row0 + offs_r).to(tl.int64)[:, None] * BLOCK_D + offs_d[None, :])
+    tl.store(o_ptrs, xq)
+    s_base = XS + b.to(tl.int64) * xs_sb + h.to(tl.int64) * xs_sh
+    if PER_TOKEN:
+        tl.store(s_base + o_row0 + offs_r, amax / 127.0)
+    else:
+        tl.store(s_base + o_row0 // BLOCK + blk, amax / 127.0)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k"])
+def _quant_qk_kernel(
+    Q, q_sb, q_sh, q_sn, K, k_sb, k_sh, k_sn,
+    QO, qo_sb, qo_sh, KO, ko_sb, ko_sh,
+    QS, qs_sb, qs_sh, KS, ks_sb, ks_sh,
+    KM, km_sb, km_sh, QKM, qkm_sb, qkm_sh,
+    CU_Q, CU_K, CU_PAD_Q, CU_PAD_K,
+    n_q, n_k, h_q, h_k, n_qblk, n_kblk, q_pre_scale,
+    D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q_PER_TOKEN: tl.constexpr, K_PER_TOKEN: tl.constexpr,
+    SMOOTH_K: tl.constexpr, LSE_CORR: tl.constexpr, VARLEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    n_qprog = n_qblk * h_q
+    if pid < n_qprog:
+        h = pid // n_qblk
+        blk = pid % n_qblk
+        if VARLEN:
+            row0 = tl.load(CU_Q + b)
+            seq_len = tl.load(CU_Q + b + 1) - row0
+            o_row0 = tl.load(CU_PAD_Q + b)
+        else:
+            row0 = 0
+            seq_len = n_q
+            o_row0 = 0
+        if blk * BLOCK_Q < seq_len:
+            _quant_block(Q, q_sb, q_sh, q_sn, QO, qo_sb, qo_sh, QS, qs_sb, qs_sh,
+                         KM, km_sb, km_sh, QKM, qkm_sb, qkm_sh,
+                         b, h, h // (h_q // h_k), blk, seq_len, row0, o_row0, q_pre_scale, D,
+                         BLOCK_Q, BLOCK_D, Q_PER_TOKEN, False, LSE_CORR)
+    else:
+        pid = pid - n_qprog
+        h = pid // n_kblk
+        blk = pid % n_kblk
+        if VARLEN:
+            row0 = tl.load(CU_K + b)
+            seq_len = tl.load(CU_K + b + 1) - row0
+            o_row0 = tl.load(CU_PAD_K + b)
+        else:
+            row0 = 0
+            seq_len = n_k
+            o_row0 = 0
+        if blk * BLOCK_K < seq_len:
+            _quant_block(K, k_sb, k_sh, k_sn, KO, ko_sb, ko_sh, KS, ks_sb, ks_sh,
+                         KM, km_sb, km_sh, QKM, qkm_sb, qkm_sh,
+                         b, h, h, blk, seq_len, row0, o_row0, 1.0, D,
+                         BLOCK_K, BLOCK_D, K_PER_TOKEN, SMOOTH_K, False)
+
+
+@dataclass
+class Varlen:
+    """Offsets of a packed (varlen) batch, all on the device except the host-side counts."""
+
+    cu_q: torch.Tensor  # int32 [B+1]
+    cu_k: torch.Tensor
+    cu_pad_q: torch.Tensor  # int32 [B+1]: start row of each sequence in the padded buffers
+    cu_pad_k: torch.Tensor
+    max_q: int
+    max_k: int
+    rows_q: int  # rows of the padded buffers
+    rows_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_q.numel() - 1
+
+
+def padded_offsets(cu: torch.Tensor, block: int, total: int):
+    """Start row of each sequence when every sequence is padded to a multiple of ``block``.
+
+    Stays on the device (no synchronisation); the returned row count is an upper bound
+    computed on the host: ``total + batch * (block - 1)`` rounded up to the block.
+    """
+    lens = cu[1:] - cu[:-1]
+    padded = (lens + block - 1) // block * block
+    cu_pad = torch.zeros_like(cu)
+    torch.cumsum(padded, dim=0, out=cu_pad[1:])
+    batch = cu.numel() - 1
+    rows = triton.cdiv(total + batch * (block - 1), block) * block
+    return cu_pad.to(torch.int32), rows
+
+
+@dataclass
+class QuantQK:
+    q: torch.Tensor  # int8 [B, Hq, rows_q, BLOCK_D]
+    q_scale: torch.Tensor  # fp32 [B, Hq, rows_q / BLOCK_Q] or [B, Hq, rows_q]
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    qkm: Optional[torch.Tensor]  # fp32 [B, Hq, rows_q] (log2 units) or None
+
+
+def quant_qk_int8(
+    q4: torch.Tensor,
+    k4: torch.Tensor,
+    km: Optional[torch.Tensor],
+    sm_scale: float,
+    *,
+    block_q: int,
+    block_k: int,
+    block_d: int,
+    q_per_token: bool,
+    k_per_token: bool,
+    lse_corr: bool,
+    varlen: Optional[Varlen] = None,
+) -> QuantQK:
+    """Quantize [B, H, N, D] views of Q and K (see the module docstring)."""
+    from ..reference import LOG2E
+
+    B, h_q, n_q, D = q4.shape
+    h_k, n_k = k4.shape[1], k4.shape[2]
+    dev = q4.device
+    if varlen is None:
+        rows_q = triton.cdiv(n_q, block_q) * block_q
+        rows_k = triton.cdiv(n_k, block_k) * block_k
+        n_qblk, n_kblk = rows_q // block_q, rows_k // block_k
+        nb = B
+        cu_q = cu_k = cu_pq = cu_pk = q4  # never read
+    else:
+        rows_q, rows_k = varlen.rows_q, varlen.rows_k
+        n_qblk = triton.cdiv(varlen.max_q, block_q)
+        n_kblk = triton.cdiv(varlen.max_k, block_k)
+        nb = varlen.batch
+        cu_q, cu_k, cu_pq, cu_pk = varlen.cu_q, varlen.cu_k, varlen.cu_pad_q, varlen.cu_pad_k
+    if lse_corr and km is None:
+        raise ValueError("lse_corr needs the K mean km")
+    ob = 1 if varlen is not None else B
+    qo = torch.empty((ob, h_q, rows_q, block_d), dtype=torch.int8, device=dev)
+    ko = torch.empty((ob, h_k, rows_k, block_d), dtype=torch.int8, device=dev)
+    qs = torch.empty((ob, h_q, rows_q if q_per_token else rows_q // block_q), dtype=torch.float32, device=dev)
+    ks = torch.empty((ob, h_k, rows_k if k_per_token else rows_k // block_k), dtype=torch.float32, device=dev)
+    qkm = torch.empty((ob, h_q, rows_q), dtype=torch.float32, device=dev) if lse_corr else None
+    # Rows of the padded buffers that lie between two packed sequences are never written and
+    # never read: the attention kernel reads exactly the blocks written here.
+
+    def bstride(t):  # batch stride; packed (varlen) tensors take their offsets from CU_*
+        return 0 if varlen is not None else t.stride(0)
+
+    kmt = km if km is not None else qs  # placeholder pointer, never read
+    qkmt = qkm if qkm is not None else qs
+    grid = (n_qblk * h_q + n_kblk * h_k, nb)
+    _quant_qk_kernel[grid](
+        q4, bstride(q4), q4.stride(1), q4.stride(2),
+        k4, bstride(k4), k4.stride(1), k4.stride(2),
+        qo, bstride(qo), qo.stride(1),
+        ko, bstride(ko), ko.stride(1),
+        qs, bstride(qs), qs.stride(1),
+        ks, bstride(ks), ks.stride(1),
+        kmt, kmt.stride(0), kmt.stride(1),
+        qkmt, bstride(qkmt), qkmt.stride(1),
+        cu_q, cu_k, cu_pq, cu_pk,
+        n_q, n_k, h_q, h_k, n_qblk, n_kblk, float(sm_scale * LOG2E),
+        D=D, BLOCK_Q=block_q, BLOCK_K=block_k, BLOCK_D=block_d,
+        Q_PER_TOKEN=q_per_token, K_PER_TOKEN=k_per_token,
+        SMOOTH_K=km is not None, LSE_CORR=lse_corr, VARLEN=varlen is not None,
+        num_warps=4,
+    )
+    return QuantQK(qo, qs, ko, ks, qkm)

@@ -1,0 +1,38 @@
+"""``python -m sageattention``: what this installation can run here."""
+
+import platform
+
+import torch
+
+from . import __version__, dispatch
+
+
+def main() -> None:
+    print(f"sageattention {__version__}")
+    print(f"python        {platform.python_version()} ({platform.system()} {platform.machine()})")
+    print(f"torch         {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    ok, why = dispatch.triton_status()
+    if ok:
+        import triton
+
+        print(f"triton        {triton.__version__}")
+    else:
+        print(f"triton        not available: {why}")
+    if not torch.cuda.is_available():
+        print("GPU           none visible: sageattention's kernels need an NVIDIA GPU (sm80+)")
+        return
+    for i in range(torch.cuda.device_count()):
+        cap = torch.cuda.get_device_capability(i)
+        print(f"GPU {i}         {torch.cuda.get_device_name(i)} (sm{cap[0]}{cap[1]})")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    print("backends on", dev)
+    for name, state in dispatch.report(dev).items():
+        print(f"  {name:<10} {state}")
+    try:
+        print(f"sageattn uses {dispatch.choose(dev).backend}")
+    except RuntimeError as exc:
+        print(f"sageattn      unavailable: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Public attention functions (upstream SageAttention 2.x names and arguments).
+
+``sageattn`` validates its arguments, asks :mod:`.dispatch` which kernel suits the GPU and
+calls it. The kernel functions validate their own arguments the same way, so a bad input
+gets the same message whichever entry point it comes through.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import _checks as C
+from . import dispatch
+from ._ops import require
+
+_PV_FP16 = ("fp32", "fp16+fp32")
+_PV_FP8 = ("fp32", "fp32+fp32", "fp32+fp16")
+_PV_SM90 = ("fp32+fp32",)
+_GRANS = ("per_warp", "per_thread")
+
+
+def _interpreting() -> bool:
+    return dispatch._interpreting()
+
+
+def _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, extra=()):
+    """Checks every entry point shares; returns (dims, scale, sdpa kwargs)."""
+    C.check_layout(fn, tensor_layout)
+    C.check_bool(fn, "is_causal", is_causal)
+    C.check_bool(fn, "return_lse", return_lse)
+    sm_scale = C.check_scale(fn, "sm_scale", sm_scale)
+    kw = C.parse_kwargs(fn, kwargs, sm_scale, extra)
+    dims = C.check_qkv(fn, q, k, v, tensor_layout, kw.enable_gqa)
+    scale = sm_scale if sm_scale is not None else kw.scale
+    if scale is None:
+        scale = 1.0 / math.sqrt(dims.head_dim)
+    C.check_device(fn, q, _interpreting())
+    return dims, scale, kw
+
+
+def _empty_result(q, dims, return_lse):
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if not return_lse:
+        return o
+    return o, torch.empty((dims.batch, dims.heads_q, dims.len_q), dtype=torch.float32, device=q.device)
+
+
+def _hnd(t: torch.Tensor, tensor_layout: str) -> torch.Tensor:
+    return t if tensor_layout == "HND" else t.transpose(1, 2)
+
+
+def _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse):
+    if dims.batch == 0 or dims.len_q == 0:
+        return _empty_result(q, dims, return_lse)
+    from . import triton as st  # imported on first use: the package imports without triton
+
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():
+        lse = st.forward(
+            _hnd(q, tensor_layout), _hnd(k, tensor_layout), _hnd(v, tensor_layout), _hnd(o, tensor_layout),
+            is_causal=is_causal, sm_scale=scale, smooth_k=smooth_k, return_lse=return_lse,
+        )
+    return (o, lse) if return_lse else o
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --------------------------------------------------------------------------------------
+# public functions
+
+
+def sageattn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: Optional[float] = None,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Quantized attention with the fastest kernel available for the GPU.
+
+    Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
+    inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or
+    ``[B, N, H, D]`` (``"NHD"``); ``Hq`` a multiple of ``Hkv`` (GQA/MQA); D from 1 to 256;
+    ``is_causal`` masks key j for query i when j > i (top-left aligned, as SDPA).
+
+    SDPA keywords: ``scale`` (same as ``sm_scale``), ``enable_gqa``, ``dropout_p`` (0 only);
+    ``attn_mask`` is refused. Returns ``o`` in q's layout and dtype, and with
+    ``return_lse=True`` also ``lse [B, Hq, Nq]`` (fp32, natural log of the softmax sum).
+    """
+    fn = "sageattn"
+    dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    C.refuse_mask(fn, kw.attn_mask)
+    choice = dispatch.choose(q.device)
+    if choice.backend == "triton":
+        return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
+    func = globals()[dispatch.BACKENDS[choice.backend].function]
+    return func(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=scale,
+                return_lse=return_lse, **choice.options)
+
+
+def sageattn_qk_int8_pv_fp16_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    quantization_backend: str = "triton",
+    is_causal: bool = False,
+    attn_mask: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    smooth_k: bool = True,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Triton kernel: INT8 QK^T (per-token Q scales, per-block K scales, K smoothed),
+    P x V in V's dtype (fp16 or bf16) with fp32 accumulation. Runs on any sm80+ GPU.
+
+    ``quantization_backend="cuda"`` needs the compiled quantization kernels.
+    """
+    fn = "sageattn_qk_int8_pv_fp16_triton"
+    C.check_choice(fn, "quantization_backend", quantization_backend, ("triton", "cuda"))
+    C.check_bool(fn, "smooth_k", smooth_k)
+    if attn_mask is not None and "attn_mask" in kwargs:
+        raise TypeError(f"{fn}() got attn_mask twice")
+    dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    C.refuse_mask(fn, attn_mask if attn_mask is not None else kw.attn_mask)
+    if quantization_backend == "cuda":
+        require(fn + "(quantization_backend='cuda')", "sageattention._fused")
+    return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse)
+
+
+def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
+                pv_accum_dtype, pv_choices, smooth_k, smooth_v, return_lse, kwargs, smooth_v_modes):
+    """Validation shared by the CUDA kernel functions (their kernels come with a later build)."""
+    C.check_choice(fn, "qk_quant_gran", qk_quant_gran, _GRANS)
+    if pv_accum_dtype == "fp16" and "fp16" not in pv_choices:
+        raise ValueError(
+            f"{fn}: pv_accum_dtype='fp16' (fp16 accumulation over a whole row) is not offered: it "
+            "overflows to inf/NaN on real models; use 'fp16+fp32' (fp16 per block, fp32 across blocks)"
+        )
+    C.check_choice(fn, "pv_accum_dtype", pv_accum_dtype, pv_choices)
+    C.check_bool(fn, "smooth_k", smooth_k)
+    C.check_bool(fn, "smooth_v", smooth_v)
+    if smooth_v and pv_accum_dtype not in smooth_v_modes:
+        modes = " or ".join(repr(m) for m in smooth_v_modes) or "no mode of this function"
+        raise ValueError(f"{fn}: smooth_v=True works with pv_accum_dtype {modes}, got {pv_accum_dtype!r}")
+    _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    require(fn, module)
+    raise NotImplementedError(f"{fn}: the compiled kernel loaded but has no Python binding yet")
+
+
+def sageattn_qk_int8_pv_fp16_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    qk_quant_gran: str = "per_thread",
+    sm_scale: Optional[float] = None,
+    pv_accum_dtype: str = "fp32",
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """CUDA mma.sync kernel (sm80+): INT8 QK^T, FP16 PV. Needs the compiled extension."""
+    return _cuda_entry("sageattn_qk_int8_pv_fp16_cuda", dispatch.BACKENDS["cuda_fp16"].extension,
+                       q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype,
+                       _PV_FP16, smooth_k, smooth_v, return_lse, kwargs, ())
+
+
+def sageattn_qk_int8_pv_fp8_cuda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    qk_quant_gran: str = "per_thread",
+    sm_scale: Optional[float] = None,
+    pv_accum_dtype: str = "fp32+fp16",
+    smooth_k: bool = True,
+    smooth_v: bool = False,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """CUDA mma.sync kernel (sm89+): INT8 QK^T, FP8 e4m3 PV. Needs the compiled extension."""
+    return _cuda_entry("sageattn_qk_int8_pv_fp8_cuda", dispatch.BACKENDS["cuda_fp8"].extension,
+                       q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype,
+                       _PV_FP8, smooth_k, smooth_v, return_lse, kwargs, ("fp32",))
+
+
+def sageattn_qk_int8_pv_fp8_cuda_sm90(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    qk_quant_gran: str = "per_thread",
+    sm_scale: Optional[float] = None,
+    pv_accum_dtype: str = "fp32+fp32",
+    smooth_k: bool = True,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Hopper kernel (sm90a: wgmma, TMA): INT8 QK^T, FP8 PV. Needs the compiled extension."""
+    return _cuda_entry("sageattn_qk_int8_pv_fp8_cuda_sm90", dispatch.BACKENDS["cuda_sm90"].extension,
+                       q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype,
+                       _PV_SM90, smooth_k, False, return_lse, kwargs, ())
+
+
+def sageattn_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    sm_scale: Optional[float] = None,
+    smooth_k: bool = True,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Attention over packed variable-length sequences (Triton kernel).
+
+    ``q [total_q, Hq, D]``, ``k, v [total_k, Hkv, D]``; sequence b is rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q (likewise for k, v). K is smoothed with its
+    own mean per sequence. ``return_lse=True`` also returns ``lse [Hq, total_q]``.
+    The offsets are read back to the host once per call to check them.
+    """
+    fn = "sageattn_varlen"
+    C.check_bool(fn, "is_causal", is_causal)
+    C.check_bool(fn, "smooth_k", smooth_k)
+    C.check_bool(fn, "return_lse", return_lse)
+    sm_scale = C.check_scale(fn, "sm_scale", sm_scale)
+    kw = C.parse_kwargs(fn, kwargs, sm_scale)
+    C.refuse_mask(fn, kw.attn_mask)
+    dims = C.check_packed(fn, q, k, v, kw.enable_gqa)
+    max_q = C.check_int(fn, "max_seqlen_q", max_seqlen_q, 0)
+    max_k = C.check_int(fn, "max_seqlen_k", max_seqlen_k, 0)
+    lens_q = C.check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, dims.len_q, q.device, "max_seqlen_q", max_q)
+    lens_k = C.check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, dims.len_k, q.device, "max_seqlen_k", max_k)
+    if len(lens_q) != len(lens_k):
+        raise ValueError(
+            f"{fn}: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
+            f"got {len(lens_q)} and {len(lens_k)}"
+        )
+    C.check_device(fn, q, _interpreting())
+    scale = sm_scale if sm_scale is not None else kw.scale
+    if scale is None:
+        scale = 1.0 / math.sqrt(dims.head_dim)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((dims.heads_q, dims.len_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if dims.len_q > 0:
+        from . import triton as st
+
+        with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():
+            lse = st.forward_varlen(
+                q, k, v, o,
+                cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32), lens_k,
+                max(lens_q), max(lens_k),
+                is_causal=is_causal, sm_scale=scale, smooth_k=smooth_k, return_lse=return_lse,
+            )
+    return (o, lse) if return_lse else o

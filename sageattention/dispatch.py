@@ -1,0 +1,193 @@
+"""Which kernel ``sageattn`` runs on which GPU.
+
+A backend is one of the public kernel functions. :data:`PREFERENCE` lists, per compute
+capability, the backends to try in order with the options ``sageattn`` passes; the first
+one present in this build wins. A missing compiled kernel falls back to the next entry
+(Triton last) with a one-time warning. GPUs below sm80 are refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+MIN_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    function: str  # public function in sageattention
+    extension: Optional[str]  # compiled module it needs (None: Triton)
+    min_capability: Tuple[int, int]
+    only_capability: Optional[Tuple[int, int]] = None  # arch-specific code (sm90a)
+
+
+BACKENDS: Dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("cuda_sm90", "sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattention._qattn_sm90", (9, 0), (9, 0)),
+        Backend("cuda_fp8", "sageattn_qk_int8_pv_fp8_cuda", "sageattention._qattn_sm89", (8, 9)),
+        Backend("cuda_fp16", "sageattn_qk_int8_pv_fp16_cuda", "sageattention._qattn_sm80", (8, 0)),
+        Backend("triton", "sageattn_qk_int8_pv_fp16_triton", None, (8, 0)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    options: Dict[str, str] = field(default_factory=dict)
+
+
+_FP8_SM89 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"})
+_FP8_SM120 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"})
+_TRITON = Choice("triton")
+
+#: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
+#: get :data:`DEFAULT_PREFERENCE`.
+PREFERENCE: Dict[Tuple[int, int], Tuple[Choice, ...]] = {
+    (8, 0): (Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"}), _TRITON),
+    (8, 6): (_TRITON,),
+    (8, 9): (_FP8_SM89, _TRITON),
+    (9, 0): (Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"}), _FP8_SM89, _TRITON),
+    (12, 0): (_FP8_SM120, _TRITON),
+    (12, 1): (_FP8_SM120, _TRITON),
+}
+DEFAULT_PREFERENCE: Tuple[Choice, ...] = (_TRITON,)
+
+
+class UnsupportedGPUError(RuntimeError):
+    """The GPU is older than sm80 (Ampere)."""
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_status() -> Tuple[bool, str]:
+    """Whether Triton imports here, and why not."""
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed (pip install triton; on Windows: triton-windows)"
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:  # a broken install should read as "not available", with the cause
+        return False, f"triton failed to import: {exc}"
+    return True, ""
+
+
+def extension_status(module: str) -> Tuple[bool, str]:
+    """Whether a compiled kernel module is in this build, and why not."""
+    from . import _ops
+
+    return _ops.status(module)
+
+
+def backend_status(name: str, capability: Optional[Tuple[int, int]]) -> Tuple[bool, str]:
+    """Whether backend ``name`` can run on a GPU of ``capability`` (None: the interpreter)."""
+    b = BACKENDS[name]
+    if capability is not None:
+        if capability < b.min_capability:
+            return False, f"needs sm{b.min_capability[0]}{b.min_capability[1]} or newer"
+        if b.only_capability is not None and capability != b.only_capability:
+            return False, f"built for sm{b.only_capability[0]}{b.only_capability[1]} only"
+    elif b.extension is not None:
+        return False, "compiled kernels need a GPU"
+    if b.extension is None:
+        return triton_status()
+    return extension_status(b.extension)
+
+
+def capability_of(device: Optional[torch.device] = None) -> Optional[Tuple[int, int]]:
+    """Compute capability of a CUDA device; None for a CPU device under Triton's interpreter."""
+    if device is not None and torch.device(device).type == "cpu":
+        return None
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def _gpu_name(device) -> str:
+    try:
+        return torch.cuda.get_device_name(device)
+    except Exception:
+        return "this GPU"
+
+
+def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_name: str = "this GPU") -> Tuple[Choice, Optional[str]]:
+    """Pure policy: the choice for ``capability`` given the backends ``available``.
+
+    Returns ``(choice, skipped)`` where ``skipped`` names the preferred backend that was
+    missing (for the fallback warning) or is None. Raises UnsupportedGPUError below sm80.
+    """
+    if capability is None:  # Triton interpreter on the CPU
+        if "triton" not in available:
+            raise RuntimeError("sageattn: Triton is not available to run on the CPU interpreter")
+        return _TRITON, None
+    if tuple(capability) < MIN_CAPABILITY:
+        raise UnsupportedGPUError(
+            f"sageattn: {gpu_name} has compute capability {capability[0]}.{capability[1]} "
+            f"(sm{capability[0]}{capability[1]}); sageattention needs sm80 (Ampere) or newer. "
+            "Use torch.nn.functional.scaled_dot_product_attention on this GPU"
+        )
+    prefs = PREFERENCE.get(tuple(capability), DEFAULT_PREFERENCE)
+    for choice in prefs:
+        if choice.backend in available:
+            skipped = prefs[0].backend if choice is not prefs[0] else None
+            return choice, skipped
+    missing = ", ".join(c.backend for c in prefs)
+    raise RuntimeError(
+        f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "
+        f"(tried {missing}); install triton or a build of sageattention with CUDA kernels"
+    )
+
+
+def available_backends(device=None) -> List[str]:
+    """Names of the backends that can run on ``device`` (default: the current CUDA device).
+
+    Returns an empty list when no CUDA GPU is present (except under Triton's interpreter).
+    """
+    if device is None and not torch.cuda.is_available():
+        return ["triton"] if _interpreting() and triton_status()[0] else []
+    cap = capability_of(device)
+    return [n for n in BACKENDS if backend_status(n, cap)[0]]
+
+
+def report(device=None) -> Dict[str, str]:
+    """Every backend with 'available' or the reason it is not, for ``python -m sageattention``."""
+    cap = capability_of(device) if (device is not None or torch.cuda.is_available()) else None
+    out = {}
+    for name in BACKENDS:
+        ok, why = backend_status(name, cap)
+        out[name] = "available" if ok else why
+    return out
+
+
+_warned: set = set()
+_cache: Dict[tuple, Choice] = {}
+
+
+def choose(device: torch.device) -> Choice:
+    """The backend ``sageattn`` runs on ``device``, warning once per GPU kind on a fallback."""
+    cap = capability_of(device)
+    key = (cap, "choice")
+    cached = _cache.get(key)
+    if cached is not None:
+        return cached
+    avail = [n for n in BACKENDS if backend_status(n, cap)[0]]
+    choice, skipped = select(cap, avail, _gpu_name(device) if cap is not None else "CPU")
+    if skipped is not None and (cap, skipped) not in _warned:
+        _warned.add((cap, skipped))
+        warnings.warn(
+            f"sageattn: the {skipped} kernel preferred on sm{cap[0]}{cap[1]} is not in this build "
+            f"({backend_status(skipped, cap)[1]}); using {choice.backend} instead. "
+            "See README.md, 'Building the CUDA kernels'.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    _cache[key] = choice
+    return choice

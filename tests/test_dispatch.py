@@ -1,0 +1,155 @@
+"""Dispatch decisions, with GPU capabilities and kernel availability faked (no GPU needed)."""
+
+import sys
+import warnings
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import _ops, dispatch
+from sageattention.dispatch import BACKENDS, PREFERENCE, UnsupportedGPUError, select
+
+ALL = list(BACKENDS)
+
+
+@pytest.mark.parametrize("cap,expected,options", [
+    ((8, 0), "cuda_fp16", {"pv_accum_dtype": "fp32"}),
+    ((8, 6), "triton", {}),
+    ((8, 9), "cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"}),
+    ((9, 0), "cuda_sm90", {"pv_accum_dtype": "fp32+fp32"}),
+    ((12, 0), "cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"}),
+    ((12, 1), "cuda_fp8", {"qk_quant_gran": "per_warp"}),
+    ((10, 0), "triton", {}),
+    ((8, 7), "triton", {}),
+])
+def test_best_backend_when_everything_is_built(cap, expected, options):
+    choice, skipped = select(cap, ALL)
+    assert choice.backend == expected and skipped is None
+    for key, value in options.items():
+        assert choice.options[key] == value
+
+
+@pytest.mark.parametrize("cap", sorted(PREFERENCE))
+def test_falls_back_to_triton_without_compiled_kernels(cap):
+    choice, skipped = select(cap, ["triton"])
+    assert choice.backend == "triton"
+    assert skipped == (None if PREFERENCE[cap][0].backend == "triton" else PREFERENCE[cap][0].backend)
+
+
+def test_sm90_without_hopper_kernel_uses_fp8_kernel():
+    choice, skipped = select((9, 0), ["cuda_fp8", "triton"])
+    assert choice.backend == "cuda_fp8" and skipped == "cuda_sm90"
+
+
+@pytest.mark.parametrize("cap,name", [((7, 5), "Tesla T4"), ((7, 0), "Tesla V100"), ((6, 1), "GTX 1080")])
+def test_old_gpus_are_refused_by_name(cap, name):
+    with pytest.raises(UnsupportedGPUError) as info:
+        select(cap, ALL, name)
+    msg = str(info.value)
+    assert name in msg and f"sm{cap[0]}{cap[1]}" in msg and "sm80" in msg
+
+
+def test_nothing_available_is_an_error():
+    with pytest.raises(RuntimeError, match="no kernel"):
+        select((8, 9), [])
+
+
+def test_interpreter_uses_triton():
+    assert select(None, ["triton"])[0].backend == "triton"
+
+
+def test_backend_status_respects_arch():
+    ok, why = dispatch.backend_status("cuda_sm90", (8, 9))
+    assert not ok and "sm90" in why
+    ok, why = dispatch.backend_status("cuda_fp8", (8, 0))
+    assert not ok and "sm89" in why
+    ok, why = dispatch.backend_status("cuda_sm90", (10, 0))
+    assert not ok and "sm90 only" in why
+
+
+def test_missing_extension_reason():
+    ok, why = _ops.status("sageattention._no_such_module")
+    assert not ok and "not in this build" in why
+
+
+def test_broken_extension_reason(tmp_path, monkeypatch):
+    (tmp_path / "sa_broken_ext.py").write_text("raise ImportError('undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ok, why = _ops.status("sa_broken_ext")
+    assert not ok and "undefined symbol" in why and torch.__version__ in why
+    sys.modules.pop("sa_broken_ext", None)
+
+
+def _fake_gpu(monkeypatch, cap, available, name="NVIDIA H100 80GB HBM3"):
+    monkeypatch.setattr(dispatch, "capability_of", lambda device=None: cap)
+    monkeypatch.setattr(dispatch, "_gpu_name", lambda device: name)
+    monkeypatch.setattr(dispatch, "backend_status",
+                        lambda n, c: (n in available, "" if n in available else "not built (faked)"))
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "_cache", {})
+
+
+def test_fallback_warns_once(monkeypatch):
+    _fake_gpu(monkeypatch, (9, 0), {"triton"})
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert dispatch.choose(torch.device("cpu")).backend == "triton"
+    msgs = [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1 and "cuda_sm90" in msgs[0] and "sm90" in msgs[0] and "triton" in msgs[0]
+
+
+def test_no_warning_when_preferred_backend_is_present(monkeypatch):
+    _fake_gpu(monkeypatch, (8, 6), {"triton"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dispatch.choose(torch.device("cpu")).backend == "triton"
+
+
+def test_sageattn_on_old_gpu_names_it(monkeypatch):
+    _fake_gpu(monkeypatch, (7, 5), {"triton"}, name="Tesla T4")
+    q = torch.randn(1, 1, 4, 8, dtype=torch.float16)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(UnsupportedGPUError, match="Tesla T4.*sm75.*sm80"):
+        sa.sageattn(q, q, q)
+
+
+def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
+    _fake_gpu(monkeypatch, (8, 9), {"cuda_fp8", "triton"})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    seen = {}
+
+    def fake(q, k, v, **kw):
+        seen.update(kw)
+        return "ran"
+
+    from sageattention import core
+
+    monkeypatch.setattr(core, "sageattn_qk_int8_pv_fp8_cuda", fake)
+    q = torch.randn(1, 1, 4, 8, dtype=torch.float16)
+    assert sa.sageattn(q, q, q, is_causal=True, scale=0.5) == "ran"
+    assert seen["pv_accum_dtype"] == "fp32+fp16" and seen["is_causal"] is True and seen["sm_scale"] == 0.5
+
+
+def test_available_backends_without_gpu(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: covered by the GPU tests")  # pragma: no cover
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert sa.available_backends() == []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert sa.available_backends() == ["triton"]
+
+
+def test_report_lists_every_backend_with_a_reason():
+    rep = dispatch.report(torch.device("cuda") if torch.cuda.is_available() else None)
+    assert set(rep) == set(BACKENDS)
+    assert all(isinstance(v, str) and v for v in rep.values())
+
+
+def test_main_module_prints_versions(capsys):
+    from sageattention.__main__ import main
+
+    main()
+    out = capsys.readouterr().out
+    assert "sageattention 2.2.0" in out and torch.__version__ in out

@@ -1,0 +1,185 @@
+"""The full GPU grid: every public function x fp16/bf16 x HND/NHD x causal x D x N x GQA x
+Nq != Nk x return_lse, against fp32 SDPA and, tightly, the reference; varlen; acceptance
+accuracy; large tensors (64-bit offsets). Marked ``gpu``: skipped with a reason without one.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import sageattention as sa
+from helpers import (
+    LSE_VS_FP32,
+    assert_close_to_fp32,
+    assert_close_to_reference,
+    hnd,
+    make_qkv,
+    sdpa_fp32,
+)
+from sageattention import dispatch
+from sageattention import triton as st
+from sageattention.reference import attention_exact, attention_quantized, error_metrics
+
+pytestmark = pytest.mark.gpu
+
+HEAD_DIMS = [40, 64, 80, 96, 128, 160, 256]
+LENGTHS = [1, 77, 1000, 4097]
+
+
+def _functions():
+    funcs = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
+    if torch.cuda.is_available():
+        for name in sa.available_backends():
+            if name != "triton":
+                funcs[name] = getattr(sa, dispatch.BACKENDS[name].function)
+    return funcs
+
+
+FUNCS = _functions()
+
+
+def _reference_config(fn, d, dtype, device):
+    """What the function computes, for the tight comparison (Triton path; CUDA kernels
+    bring their own configs when they land)."""
+    if fn in ("sageattn", "triton") and (fn == "triton" or dispatch.choose(device).backend == "triton"):
+        return st.config_for(d, dtype, device).reference(dtype)
+    return None
+
+
+@pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
+@pytest.mark.parametrize("cross", [False, True], ids=["nq=nk", "nq!=nk"])
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fn", list(FUNCS))
+def test_grid(fn, dtype, layout, causal, d, n, gqa, cross, lse):
+    hq, hk = (4, 2) if gqa else (2, 2)
+    nq, nk = (n, n) if not cross else (max(1, n // 2 + 3), n)
+    q, k, v = make_qkv(1, hq, hk, nq, nk, d, dtype, layout, "cuda", k_bias=1.0, seed=n + d)
+    out = FUNCS[fn](q, k, v, tensor_layout=layout, is_causal=causal, return_lse=lse)
+    o, lse_out = out if lse else (out, None)
+    assert o.shape == q.shape and o.dtype == dtype
+    assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout), fn)
+    cfg = _reference_config(fn, d, dtype, q.device)
+    if cfg is not None:
+        ref = attention_quantized(q, k, v, layout, causal, None, lse, cfg)
+        ro, rl = ref if lse else (ref, None)
+        assert_close_to_reference(o, ro, dtype, fn)
+        if lse:
+            assert (lse_out - rl).abs().max() < 2e-3
+    if lse:
+        _, el = attention_exact(q, k, v, layout, causal, None, True)
+        assert lse_out.shape == (1, hq, nq) and (lse_out - el).abs().max() < LSE_VS_FP32
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_varlen_grid(dtype, causal, d, gqa):
+    hq, hk = (4, 2) if gqa else (2, 2)
+    lens_q = [1, 77, 1000, 4097, 0, 33]
+    lens_k = lens_q if causal else [5, 77, 1500, 4097, 9, 0]
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(dtype).cuda()
+    k = (torch.randn(sum(lens_k), hk, d, generator=g) + 1.0).to(dtype).cuda()
+    v = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
+
+    def cu(lens):
+        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+
+    o, lse = sa.sageattn_varlen(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                is_causal=causal, return_lse=True)
+    assert torch.isfinite(o).all()
+    sq = sk = 0
+    for nq, nk in zip(lens_q, lens_k):
+        if nq and nk:
+            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
+            eo, el = attention_exact(*part, tensor_layout="NHD", is_causal=causal, return_lse=True)
+            assert_close_to_fp32(o[sq:sq + nq][None], eo, f"varlen {nq}x{nk}")
+            assert (lse[:, sq:sq + nq] - el[0]).abs().max() < LSE_VS_FP32
+            od = sa.sageattn(*part, tensor_layout="NHD", is_causal=causal)
+            assert torch.equal(o[sq:sq + nq], od[0])
+        elif nq:
+            assert (o[sq:sq + nq] == 0).all()
+        sq += nq
+        sk += nk
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("fn", ["sageattn", "triton"])
+def test_acceptance_accuracy(fn, d, causal):
+    """Baseline inputs of ../shared/reference/h100-baseline.md: B=1, H=8, N=4096, K with a
+    per-channel bias of 3 sigma. Triton path: cos >= 0.9999, rel-L1 <= 0.015 vs fp32."""
+    q, k, v = make_qkv(1, 8, 8, 4096, 4096, d, torch.bfloat16, "HND", "cuda", k_bias=3.0, seed=1)
+    o = FUNCS[fn](q, k, v, is_causal=causal)
+    m = error_metrics(o, sdpa_fp32(q, k, v, "HND", causal))
+    if fn == "triton" or dispatch.choose(q.device).backend == "triton":
+        assert m["cos"] >= 0.9999 and m["rel_l1"] <= 0.015, m
+
+
+@pytest.mark.parametrize("kind", ["k_bias", "zero_blocks", "all_zero", "constant_v_channel", "huge_v", "huge_q"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fn", list(FUNCS))
+def test_hostile_large(fn, dtype, kind):
+    n, d = 4097, 128
+    q, k, v = make_qkv(1, 4, 4, n, n, d, torch.float32, "HND", "cpu")
+    if kind == "k_bias":
+        k = k + 60.0 * torch.randn(d)
+    elif kind == "zero_blocks":
+        q[..., :256, :] = 0
+        k[..., 128:512, :] = 0
+        v[..., :128, :] = 0
+    elif kind == "all_zero":
+        q, k, v = q * 0, k * 0, v * 0
+    elif kind == "constant_v_channel":
+        v[..., 5] = -2.5
+    elif kind == "huge_v":
+        v = v * (1e6 if dtype == torch.bfloat16 else 6e4)
+    elif kind == "huge_q":
+        q = q * 300.0
+    q, k, v = (t.to(dtype).cuda() for t in (q, k, v))
+    for causal in (False, True):
+        o, lse = FUNCS[fn](q, k, v, is_causal=causal, return_lse=True)
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all(), (fn, kind, causal)
+        if kind == "all_zero":
+            assert (o == 0).all()
+        elif kind != "huge_q":
+            assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), f"{fn} {kind}")
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_more_than_2_31_elements(layout):
+    """Offsets past 2^31 elements: the last batch entry equals a call on it alone."""
+    b, h, n, d = 2049, 16, 512, 128  # 2.15e9 elements per tensor
+    shape = (b, h, n, d) if layout == "HND" else (b, n, h, d)
+    q, k, v = (torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True)
+    tail = sa.sageattn(q[-2:], k[-2:], v[-2:], tensor_layout=layout, is_causal=True)
+    assert torch.equal(o[-2:], tail)
+    assert_close_to_fp32(hnd(tail, layout), hnd(sdpa_fp32(q[-2:], k[-2:], v[-2:], layout, True), layout))
+
+
+def test_other_device_index_does_not_change_current_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.float16, "HND", "cuda:1")
+    before = torch.cuda.current_device()
+    o = sa.sageattn(q, k, v)
+    assert o.device == q.device and torch.cuda.current_device() == before
+    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND"))
+
+
+def test_dispatch_on_this_gpu():
+    cap = torch.cuda.get_device_capability()
+    names = sa.available_backends()
+    assert "triton" in names
+    choice = dispatch.choose(torch.device("cuda"))
+    assert choice.backend in names
+    if cap == (9, 0) and "cuda_sm90" in names:
+        assert choice.backend == "cuda_sm90"

@@ -1,0 +1,202 @@
+"""The Triton kernels against the reference (tightly) and exact attention (loosely).
+
+Runs on the GPU when one is visible, else in Triton's CPU interpreter on small shapes: the
+same kernel code, so CI checks the kernels' logic (indexing, masking, GQA, varlen, LSE) on
+every change. The large grid lives in test_gpu.py.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import sageattention as sa
+from helpers import (
+    LSE_VS_FP32,
+    assert_close_to_fp32,
+    assert_close_to_reference,
+    hnd,
+    make_qkv,
+)
+from sageattention import triton as st
+from sageattention.reference import attention_exact, attention_quantized, error_metrics
+
+FUNCS = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
+
+# (hq, hk, nq, nk, d): GQA, MQA, Nq != Nk both ways, tails, head dims that need padding
+SHAPES = [
+    (2, 2, 130, 130, 64),
+    (4, 2, 77, 200, 40),
+    (4, 1, 200, 77, 96),
+    (2, 2, 1, 1, 128),
+    (2, 1, 65, 64, 160),
+    (1, 1, 64, 129, 16),
+]
+
+
+def run(fn, q, k, v, layout, causal, lse):
+    out = FUNCS[fn](q, k, v, tensor_layout=layout, is_causal=causal, return_lse=lse)
+    return out if lse else (out, None)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-{}_n{}-{}_d{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kernel_matches_reference(device, shape, dtype, layout, causal):
+    hq, hk, nq, nk, d = shape
+    q, k, v = make_qkv(2, hq, hk, nq, nk, d, dtype, layout, device, k_bias=2.0)
+    fn = "sageattn" if (hq + nq + d) % 2 else "triton"
+    o, lse = run(fn, q, k, v, layout, causal, True)
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (2, hq, nq)
+    cfg = st.config_for(d, dtype, q.device).reference(dtype)
+    ro, rlse = attention_quantized(q, k, v, layout, causal, None, True, cfg)
+    assert_close_to_reference(o, ro, dtype, f"{fn} {shape}")
+    assert (lse - rlse).abs().max() < 2e-3
+    eo, else_ = attention_exact(q, k, v, layout, causal, None, True)
+    assert_close_to_fp32(o, eo, f"{fn} {shape}")
+    assert (lse - else_).abs().max() < LSE_VS_FP32
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+def test_varlen_matches_each_sequence_alone(device, dtype, causal, gqa):
+    """Each packed sequence gives bit for bit what a dense call on it alone gives: same
+    per-sequence K mean, same quantization blocks, same tiles."""
+    hq, hk, d = (4, 2, 48) if gqa else (2, 2, 64)
+    lens_q = [5, 70, 0, 130, 1]
+    lens_k = [5, 70, 3, 130, 0] if not causal else lens_q  # last: queries but no keys
+    tq, tk = sum(lens_q), sum(lens_k)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(tq, hq, d, generator=g).to(dtype).to(device)
+    k = (torch.randn(tk, hk, d, generator=g) + 2.0).to(dtype).to(device)
+    v = torch.randn(tk, hk, d, generator=g).to(dtype).to(device)
+
+    def cu(lens):
+        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+
+    o, lse = sa.sageattn_varlen(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                is_causal=causal, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (hq, tq)
+    sq = sk = 0
+    for nq, nk in zip(lens_q, lens_k):
+        if nq:
+            if nk == 0:
+                assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all()
+            else:
+                part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
+                od, ld = sa.sageattn(*part, tensor_layout="NHD", is_causal=causal, return_lse=True)
+                assert torch.equal(o[sq:sq + nq], od[0])
+                assert torch.allclose(lse[:, sq:sq + nq], ld[0], atol=1e-5)
+                eo = attention_exact(*part, tensor_layout="NHD", is_causal=causal)
+                assert_close_to_fp32(od, eo, f"seq {nq}x{nk}")
+        sq += nq
+        sk += nk
+
+
+def test_non_contiguous_inputs_give_the_same_result(device):
+    q, k, v = make_qkv(2, 4, 2, 100, 90, 64, torch.float16, "HND", device)
+    big = torch.randn(2, 4, 100, 96, dtype=torch.float16, device=device)
+    big[..., 16:80] = q
+    qs = big[..., 16:80]  # strided rows, contiguous last dim
+    kt = k.transpose(1, 2).contiguous().transpose(1, 2)  # HND view of NHD storage
+    o_strided = sa.sageattn(qs, kt, v)
+    o = sa.sageattn(q, k, v)
+    assert not qs.is_contiguous() and torch.equal(o_strided, o)
+
+
+def test_single_key_returns_v(device):
+    q, k, v = make_qkv(1, 2, 2, 9, 1, 64, torch.float16, "HND", device)
+    o = sa.sageattn(q, k, v)
+    assert torch.allclose(o, v.expand_as(o), atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 5, 16), (1, 2, 0, 16)])
+def test_empty_query_gives_empty_output(device, shape):
+    q = torch.randn(shape, dtype=torch.float16, device=device)
+    k = torch.randn(shape[0], 2, 7, 16, dtype=torch.float16, device=device)
+    o, lse = sa.sageattn(q, k, k, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (shape[0], 2, shape[2])
+
+
+def test_sm_scale_and_scale_are_the_same(device):
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, "HND", device)
+    a = sa.sageattn(q, k, v, sm_scale=0.3)
+    b = sa.sageattn(q, k, v, scale=0.3)
+    assert torch.equal(a, b)
+    assert_close_to_fp32(a, attention_exact(q, k, v, sm_scale=0.3))
+
+
+def test_smooth_k_off_still_correct(device):
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 64, torch.bfloat16, "HND", device)
+    o = sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, smooth_k=False)
+    cfg = st.config_for(64, torch.bfloat16, q.device).reference(torch.bfloat16, smooth_k=False)
+    assert_close_to_reference(o, attention_quantized(q, k, v, cfg=cfg), torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------
+# hostile inputs: never NaN or Inf
+
+
+def _hostile(kind, device, n=192, d=64):
+    q, k, v = make_qkv(1, 2, 2, n, n, d, torch.bfloat16, "HND", "cpu")
+    q, k, v = q.float(), k.float(), v.float()
+    if kind == "k_bias":
+        k = k + 40.0 * torch.randn(d)
+    elif kind == "zero_blocks":
+        q[..., :128, :] = 0
+        k[..., 64:128, :] = 0
+        v[..., :64, :] = 0
+    elif kind == "all_zero":
+        q, k, v = q * 0, k * 0, v * 0
+    elif kind == "constant_v_channel":
+        v[..., 7] = 3.0
+    elif kind == "huge_v":
+        v = v * 1e6  # |V| > 65504: not representable in fp16
+    elif kind == "huge_q":
+        q = q * 300.0  # extremely peaked softmax
+    return [t.to(torch.bfloat16).to(device) for t in (q, k, v)]
+
+
+HOSTILE = ["k_bias", "zero_blocks", "all_zero", "constant_v_channel", "huge_v", "huge_q"]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hostile_inputs_stay_finite_and_accurate(device, kind, causal):
+    q, k, v = _hostile(kind, device)
+    o, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all(), kind
+    exact = attention_exact(q, k, v, is_causal=causal)
+    if kind == "all_zero":
+        assert (o == 0).all()
+        return
+    if kind == "constant_v_channel":
+        assert torch.allclose(o[..., 7].float(), torch.full_like(o[..., 7].float(), 3.0), rtol=1e-2)
+    # huge_q: the softmax is nearly one-hot; INT8 Q/K may pick a near-tie differently
+    cos, l1 = (0.99, 0.15) if kind == "huge_q" else (0.9995, 0.025)
+    m = error_metrics(o, exact)
+    assert m["cos"] >= cos and m["rel_l1"] <= l1, (kind, m)
+
+
+def test_hostile_fp16_huge_v_is_refused_by_dtype_not_nan(device):
+    """fp16 inputs cannot hold |V| > 65504 in the first place; bf16 ones can and stay finite
+    because the PV product runs in V's own dtype."""
+    q, k, v = _hostile("huge_v", device)
+    assert v.dtype == torch.bfloat16 and v.float().abs().max() > 65504
+    assert torch.isfinite(sa.sageattn(q, k, v)).all()
+
+
+def test_lse_without_smoothing(device):
+    q, k, v = make_qkv(1, 2, 1, 70, 90, 32, torch.float16, "NHD", device, k_bias=1.0)
+    _, lse = sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, "NHD", smooth_k=False, return_lse=True)
+    _, ref = attention_exact(q, k, v, "NHD", return_lse=True)
+    assert (lse - ref).abs().max() < LSE_VS_FP32
+
+
+def test_output_layout_matches_input(device):
+    q, k, v = make_qkv(1, 3, 3, 40, 40, 32, torch.float16, "NHD", device)
+    o = sa.sageattn(q, k, v, "NHD")
+    assert o.shape == q.shape and o.is_contiguous()
+    assert_close_to_fp32(hnd(o, "NHD"), hnd(attention_exact(q, k, v, "NHD"), "NHD"))

@@ -1,0 +1,180 @@
+"""Bad inputs: each one must raise a clear error naming the argument and what was given.
+
+These run before any kernel, so they need no GPU (CPU tensors pass the device check under
+the Triton interpreter that conftest turns on when no GPU is visible).
+"""
+
+import math
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import KernelUnavailableError
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def qkv(shape=(1, 2, 8, 16), kshape=None, dtype=torch.bfloat16):
+    q = torch.randn(shape, dtype=dtype, device=DEV)
+    k = torch.randn(kshape or shape, dtype=dtype, device=DEV)
+    return q, k, torch.randn_like(k)
+
+
+def packed(total=10, h=2, d=16):
+    q = torch.randn(total, h, d, dtype=torch.float16, device=DEV)
+    k = torch.randn(total, h, d, dtype=torch.float16, device=DEV)
+    cu = torch.tensor([0, 4, total], dtype=torch.int32, device=DEV)
+    return q, k, torch.randn_like(k), cu
+
+
+F = sa.sageattn
+T = sa.sageattn_qk_int8_pv_fp16_triton
+C16 = sa.sageattn_qk_int8_pv_fp16_cuda
+C8 = sa.sageattn_qk_int8_pv_fp8_cuda
+C90 = sa.sageattn_qk_int8_pv_fp8_cuda_sm90
+VL = sa.sageattn_varlen
+
+
+def _dense(fn, q=None, k=None, v=None, *args, **kw):
+    dq, dk, dv = qkv()
+    return lambda: fn(dq if q is None else q, dk if k is None else k, dv if v is None else v, *args, **kw)
+
+
+def _var(**over):
+    q, k, v, cu = packed()
+    a = dict(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6, max_seqlen_k=6)
+    kw = {key: over.pop(key) for key in list(over) if key not in a}
+    a.update(over)
+    return lambda: VL(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
+                      a["max_seqlen_q"], a["max_seqlen_k"], **kw)
+
+
+q0, k0, v0 = qkv()
+CASES = [
+    # (id, call, exception, substrings that must appear in the message)
+    ("q-not-tensor", _dense(F, q=[1, 2]), TypeError, ["q", "list"]),
+    ("k-not-tensor", _dense(F, k=3.0), TypeError, ["k", "float"]),
+    ("v-none", lambda: F(q0, k0, None), TypeError, ["v", "NoneType"]),
+    ("q-3d", _dense(F, q=q0[0]), ValueError, ["q", "4-D", "(2, 8, 16)"]),
+    ("k-5d", _dense(F, k=k0[None]), ValueError, ["k", "4-D"]),
+    ("q-fp32", _dense(F, q=q0.float(), k=k0.float(), v=v0.float()), TypeError, ["q", "torch.float32", "bfloat16"]),
+    ("v-int8", _dense(F, v=torch.zeros_like(v0, dtype=torch.int8)), TypeError, ["v", "torch.int8"]),
+    ("dtype-mismatch", _dense(F, k=k0.half(), v=v0.half()), TypeError, ["one dtype", "torch.float16", "torch.bfloat16"]),
+    ("q-last-dim-strided", _dense(F, q=torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, device=DEV).transpose(-1, -2)),
+     ValueError, ["q", "contiguous", "strides"]),
+    ("k-last-dim-strided", _dense(F, k=torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, device=DEV).transpose(-1, -2)),
+     ValueError, ["k", "contiguous"]),
+    ("kv-shape-mismatch", _dense(F, v=v0[:, :, :4]), ValueError, ["k and v", "(1, 2, 8, 16)", "(1, 2, 4, 16)"]),
+    ("batch-mismatch", _dense(F, k=torch.cat([k0, k0]), v=torch.cat([v0, v0])), ValueError, ["batch", "1", "2"]),
+    ("head-dim-mismatch", _dense(F, k=k0[..., :8], v=v0[..., :8]), ValueError, ["head dim", "16", "8"]),
+    ("head-dim-0", lambda: F(*qkv((1, 2, 8, 0))), ValueError, ["head dim", "between 1 and 256", "got 0"]),
+    ("head-dim-257", lambda: F(*qkv((1, 1, 2, 257))), ValueError, ["head dim", "256", "257"]),
+    ("heads-not-divisible", lambda: F(*qkv((1, 3, 8, 16), (1, 2, 8, 16))), ValueError, ["3", "2", "multiple"]),
+    ("enable-gqa-false", lambda: F(*qkv((1, 4, 8, 16), (1, 2, 8, 16)), enable_gqa=False), ValueError,
+     ["enable_gqa=False", "4", "2"]),
+    ("enable-gqa-str", _dense(F, enable_gqa="yes"), TypeError, ["enable_gqa", "'yes'"]),
+    ("layout-unknown", _dense(F, None, None, None, "BHND"), ValueError, ["tensor_layout", "'HND'", "'NHD'", "'BHND'"]),
+    ("layout-none-sdpa-positional", _dense(F, None, None, None, None, 0.0, True), TypeError,
+     ["tensor_layout", "None", "SDPA"]),
+    ("layout-tensor-sdpa-positional", _dense(F, None, None, None, torch.ones(8, 8, dtype=torch.bool)), TypeError,
+     ["tensor_layout", "tensor of shape (8, 8)", "SDPA"]),
+    ("is-causal-int", _dense(F, is_causal=1), TypeError, ["is_causal", "1", "int"]),
+    ("is-causal-str", _dense(F, is_causal="True"), TypeError, ["is_causal", "'True'"]),
+    ("return-lse-none", _dense(F, return_lse=None), TypeError, ["return_lse", "None"]),
+    ("sm-scale-str", _dense(F, sm_scale="0.1"), TypeError, ["sm_scale", "'0.1'", "str"]),
+    ("sm-scale-nan", _dense(F, sm_scale=math.nan), ValueError, ["sm_scale", "finite", "nan"]),
+    ("sm-scale-inf", _dense(F, sm_scale=math.inf), ValueError, ["sm_scale", "inf"]),
+    ("sm-scale-bool", _dense(F, sm_scale=True), TypeError, ["sm_scale", "True", "bool"]),
+    ("scale-disagrees", _dense(F, sm_scale=0.1, scale=0.2), ValueError, ["sm_scale=0.1", "scale=0.2"]),
+    ("scale-str", _dense(F, scale="x"), TypeError, ["scale", "'x'"]),
+    ("dropout", _dense(F, dropout_p=0.1), ValueError, ["dropout_p=0.1", "inference"]),
+    ("dropout-str", _dense(F, dropout_p="0"), TypeError, ["dropout_p", "'0'"]),
+    ("attn-mask", _dense(F, attn_mask=torch.ones(8, 8, dtype=torch.bool, device=DEV)), ValueError,
+     ["attn_mask", "(8, 8)", "not supported"]),
+    ("unknown-kwarg", _dense(F, foo=1), TypeError, ["unexpected keyword", "'foo'"]),
+    ("unknown-kwargs-listed", _dense(F, foo=1, bar=2), TypeError, ["'bar'", "'foo'"]),
+    ("empty-keys", lambda: F(*qkv((1, 2, 8, 16), (1, 2, 0, 16))), ValueError, ["no tokens", "8"]),
+    ("nhd-heads-mismatch", lambda: F(*qkv((1, 8, 2, 16), (1, 8, 3, 16)), "NHD"), ValueError, ["2", "3", "multiple"]),
+    ("device-mismatch", _dense(F, k=torch.empty(1, 2, 8, 16, dtype=torch.bfloat16, device="meta"),
+                               v=torch.empty(1, 2, 8, 16, dtype=torch.bfloat16, device="meta")),
+     ValueError, ["one device", "meta"]),
+    # Triton function
+    ("triton-quant-backend", _dense(T, quantization_backend="cudnn"), ValueError,
+     ["quantization_backend", "'triton'", "'cuda'", "'cudnn'"]),
+    ("triton-smooth-k-str", _dense(T, smooth_k="yes"), TypeError, ["smooth_k", "'yes'"]),
+    ("triton-attn-mask", _dense(T, attn_mask=torch.zeros(8, 8, device=DEV)), ValueError, ["attn_mask", "not supported"]),
+    ("triton-quant-cuda-missing", _dense(T, quantization_backend="cuda"), KernelUnavailableError,
+     ["quantization_backend='cuda'", "not in this build", "sageattn"]),
+    # CUDA functions
+    ("fp16-gran", _dense(C16, qk_quant_gran="per_block"), ValueError, ["qk_quant_gran", "'per_warp'", "'per_thread'", "'per_block'"]),
+    ("fp16-accum-fp16", _dense(C16, pv_accum_dtype="fp16"), ValueError, ["pv_accum_dtype='fp16'", "overflow", "'fp16+fp32'"]),
+    ("fp16-accum-bad", _dense(C16, pv_accum_dtype="fp8"), ValueError, ["pv_accum_dtype", "'fp8'", "'fp32'"]),
+    ("fp16-smooth-v", _dense(C16, smooth_v=True), ValueError, ["smooth_v", "'fp32'"]),
+    ("fp8-accum-bad", _dense(C8, pv_accum_dtype="fp16+fp32"), ValueError, ["pv_accum_dtype", "'fp32+fp16'", "'fp16+fp32'"]),
+    ("fp8-smooth-v-mode", _dense(C8, smooth_v=True), ValueError, ["smooth_v", "'fp32'", "'fp32+fp16'"]),
+    ("fp8-smooth-v-str", _dense(C8, smooth_v="no"), TypeError, ["smooth_v", "'no'"]),
+    ("sm90-accum", _dense(C90, pv_accum_dtype="fp32"), ValueError, ["pv_accum_dtype", "'fp32+fp32'", "'fp32'"]),
+    ("sm90-smooth-v-unknown", _dense(C90, smooth_v=True), TypeError, ["unexpected keyword", "'smooth_v'"]),
+    ("sm90-gran", _dense(C90, qk_quant_gran=3), ValueError, ["qk_quant_gran", "3"]),
+    # varlen
+    ("varlen-q-4d", _var(q=torch.randn(1, 10, 2, 16, dtype=torch.float16, device=DEV)), ValueError, ["q", "3-D"]),
+    ("varlen-cu-float", _var(cu_seqlens_q=torch.tensor([0.0, 4.0, 10.0], device=DEV)), TypeError,
+     ["cu_seqlens_q", "torch.float32"]),
+    ("varlen-cu-list", _var(cu_seqlens_k=[0, 4, 10]), TypeError, ["cu_seqlens_k", "list"]),
+    ("varlen-cu-2d", _var(cu_seqlens_q=torch.tensor([[0, 4, 10]], dtype=torch.int32, device=DEV)), ValueError,
+     ["cu_seqlens_q", "1-D", "(1, 3)"]),
+    ("varlen-cu-start", _var(cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32, device=DEV)), ValueError,
+     ["cu_seqlens_q[0]", "1"]),
+    ("varlen-cu-decreasing", _var(cu_seqlens_k=torch.tensor([0, 6, 4, 10], dtype=torch.int32, device=DEV)), ValueError,
+     ["cu_seqlens_k", "non-decreasing", "[0, 6, 4, 10]"]),
+    ("varlen-cu-total", _var(cu_seqlens_q=torch.tensor([0, 4, 9], dtype=torch.int32, device=DEV)), ValueError,
+     ["cu_seqlens_q[-1]", "10", "9"]),
+    ("varlen-max-too-small", _var(max_seqlen_q=5), ValueError, ["max_seqlen_q=5", "6"]),
+    ("varlen-max-negative", _var(max_seqlen_k=-1), ValueError, ["max_seqlen_k", "-1"]),
+    ("varlen-max-float", _var(max_seqlen_q=3.5), TypeError, ["max_seqlen_q", "3.5"]),
+    ("varlen-count-mismatch", _var(cu_seqlens_k=torch.tensor([0, 2, 4, 10], dtype=torch.int32, device=DEV)),
+     ValueError, ["same number of sequences", "2", "3"]),
+    ("varlen-mask", _var(attn_mask=torch.ones(1, device=DEV)), ValueError, ["attn_mask"]),
+    ("varlen-causal-str", _var(is_causal="yes"), TypeError, ["is_causal", "'yes'"]),
+    ("varlen-unknown", _var(tensor_layout="NHD"), TypeError, ["unexpected keyword", "'tensor_layout'"]),
+]
+
+
+@pytest.mark.parametrize("call,exc,parts", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_message(call, exc, parts):
+    with pytest.raises(exc) as info:
+        call()
+    msg = str(info.value)
+    for part in parts:
+        assert part in msg, f"{part!r} missing from: {msg}"
+
+
+def test_enough_cases():
+    assert len(CASES) >= 40
+
+
+def test_every_message_names_its_function():
+    names = {"sageattn", "sageattn_varlen", "sageattn_qk_int8_pv_fp16_triton", "sageattn_qk_int8_pv_fp16_cuda",
+             "sageattn_qk_int8_pv_fp8_cuda", "sageattn_qk_int8_pv_fp8_cuda_sm90"}
+    for case_id, call, exc, _ in CASES:
+        with pytest.raises(exc) as info:
+            call()
+        assert any(n in str(info.value) for n in names), f"{case_id}: {info.value}"
+
+
+@pytest.mark.parametrize("fn", [C16, C8, C90], ids=["fp16_cuda", "fp8_cuda", "fp8_cuda_sm90"])
+def test_cuda_functions_say_not_in_build(fn):
+    if any(b.startswith("cuda") for b in sa.available_backends()):
+        pytest.skip("this build has compiled CUDA kernels")  # pragma: no cover
+    with pytest.raises(KernelUnavailableError) as info:
+        fn(*qkv())
+    msg = str(info.value)
+    assert fn.__name__ in msg and "not in this build" in msg and "sageattn(" in msg
+
+
+def test_cpu_tensors_refused_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (torch.randn(1, 1, 4, 8, dtype=torch.float16) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"sageattn: q is on cpu.*NVIDIA GPUs"):
+        sa.sageattn(q, k, v)

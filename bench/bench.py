@@ -1,0 +1,190 @@
+"""Throughput of sageattention's kernels beside SDPA's flash and cuDNN backends.
+
+    python bench/bench.py                 # full table: N 1k..32k, D 64/128, causal and not
+    python bench/bench.py --quick         # N 1k, 4k, 16k only
+    python bench/bench.py --n 16384 --d 128 --no-causal
+
+TOPS = 4*B*H*N^2*D (halved when causal) over the median time of the whole call, quantization
+included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. Each backend's time
+is the median of ``--repeats`` do_bench medians. Writes JSON, a Markdown table and a PNG
+plot into bench/results/ (name: date, GPU, commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import sageattention as sa  # noqa: E402
+
+
+def _sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def backends(selected=None):
+    from torch.nn.attention import SDPBackend
+
+    table = {
+        "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c),
+        "triton": lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=c),
+    }
+    for name, fn in (
+        ("cuda_fp16", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c)),
+        ("cuda_fp8", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c)),
+        ("cuda_sm90", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)),
+    ):
+        if name in sa.available_backends():
+            table[name] = fn
+    if selected:
+        table = {k: v for k, v in table.items() if k in selected}
+    return table
+
+
+def time_ms(fn, repeats: int) -> float:
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    return statistics.median(do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(repeats))
+
+
+def commit() -> str:
+    env = os.environ.get("SAGEATTN_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def run(ns, ds, causals, names, repeats, heads=32, batch=4):
+    rows = []
+    table = backends(names)
+    for d in ds:
+        for causal in causals:
+            for n in ns:
+                b = 1 if n >= 32768 else batch
+                q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                ops = 4 * b * heads * n * n * d / (2 if causal else 1)
+                for name, fn in table.items():
+                    try:
+                        ms = time_ms(lambda: fn(q, k, v, causal), repeats)
+                        tops = ops / (ms * 1e-3) / 1e12
+                    except Exception as exc:  # a backend SDPA cannot run here: record why
+                        ms, tops = None, None
+                        print(f"  {name} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+                    rows.append(dict(d=d, causal=causal, n=n, b=b, h=heads, backend=name, ms=ms, tops=tops))
+                    print(f"D={d:<4} causal={int(causal)} N={n:<6} {name:<11} "
+                          + (f"{tops:7.1f} TOPS  {ms:8.3f} ms" if tops else "   n/a"), flush=True)
+                del q, k, v
+    return rows
+
+
+def markdown(rows, names):
+    keys = sorted({(r["d"], r["causal"], r["n"]) for r in rows}, key=lambda t: (-t[0], t[1], t[2]))
+    head = "| D | causal | N | " + " | ".join(names) + " |\n|" + "---|" * (3 + len(names)) + "\n"
+    body = ""
+    for d, c, n in keys:
+        cells = []
+        for name in names:
+            r = next((r for r in rows if (r["d"], r["causal"], r["n"], r["backend"]) == (d, c, n, name)), None)
+            cells.append(f"{r['tops']:.0f}" if r and r["tops"] else "n/a")
+        body += f"| {d} | {'yes' if c else 'no'} | {n} | " + " | ".join(cells) + " |\n"
+    return head + body
+
+
+def plot(rows, names, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["d"], r["causal"]) for r in rows}, key=lambda t: (-t[0], t[1]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (d, c) in zip(axes[0], panels):
+        for name in names:
+            pts = sorted((r["n"], r["tops"]) for r in rows
+                         if (r["d"], r["causal"], r["backend"]) == (d, c, name) and r["tops"])
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"D={d}, {'causal' if c else 'non-causal'}")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("TOPS (end to end)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{torch.cuda.get_device_name()} - bf16, B=4, H=32 (B=1 at 32k)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N in 1k, 4k, 16k")
+    ap.add_argument("--n", type=int, nargs="*", help="sequence lengths")
+    ap.add_argument("--d", type=int, nargs="*", default=[128, 64], help="head dims")
+    ap.add_argument("--no-causal", action="store_true")
+    ap.add_argument("--causal-only", action="store_true")
+    ap.add_argument("--backends", nargs="*", help="subset of backend names")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--tag", default="", help="extra word in the output file names")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench.py needs a CUDA GPU")
+    ns = args.n or ([1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768])
+    causals = [True] if args.causal_only else [False] if args.no_causal else [False, True]
+    rows = run(ns, args.d, causals, args.backends, args.repeats)
+    names = list(dict.fromkeys(r["backend"] for r in rows))
+    dev = torch.cuda.get_device_name()
+    meta = {
+        "device": dev,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": __import__("triton").__version__,
+        "command": "python bench/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "dispatch": sa.dispatch.choose(torch.device("cuda")).backend,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "-".join(filter(None, [meta["date"][:10], dev.replace(" ", "_").replace("/", "_"), meta["commit"], args.tag]))
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    md = (f"# {dev}, {meta['date']}, commit {meta['commit']}\n\n"
+          f"torch {meta['torch']}, CUDA {meta['cuda']}, triton {meta['triton']}; sageattn -> {meta['dispatch']}\n\n"
+          f"Command: `{meta['command']}`\n\nTOPS, end to end (quantization included), bf16, B=4, H=32 (B=1 at N=32768):\n\n"
+          + markdown(rows, names))
+    (out / f"{stem}.md").write_text(md)
+    try:
+        plot(rows, names, out / f"{stem}.png")
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+    print()
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -132,7 +132,7 @@ def main():
     cap_a, cap_q = _Capture(attn._attn_fwd_kernel), _Capture(quant._quant_qk_kernel)
     attn._attn_fwd_kernel, quant._quant_qk_kernel = cap_a, cap_q
     try:
-        cfg = attn.choose_config(args.d, dtype, (args.arch // 10, args.arch % 10))
+        cfg = attn.choose_config(args.d, dtype, (args.arch // 10, args.arch % 10), n_k=args.n)
         print(cfg)
         st.forward(tr(q), tr(k), tr(v), tr(o), is_causal=args.causal, sm_scale=args.d ** -0.5,
                    smooth_k=True, return_lse=args.lse, config=cfg)

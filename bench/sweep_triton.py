@@ -1,11 +1,11 @@
 """Sweep the Triton kernel's tile configurations on the current GPU.
 
-    python bench/sweep_triton.py [--d 128 64] [--n 16384] [--causal]
+    python bench/sweep_triton.py [--d 128 64] [--n 16384 1024] [--causal]
 
 For every configuration: end-to-end time (K mean + quantization + attention), the
-attention kernel alone, and a correctness check against the reference at a small size.
-Prints a table sorted by end-to-end TOPS; the defaults in
-``sageattention/triton/attn.py:choose_config`` should be the winners recorded in
+attention kernel alone, the quantization kernel alone, and a correctness check against the
+reference at a small size. Prints a table per (D, N) sorted by end-to-end TOPS; the
+defaults in ``sageattention/triton/attn.py:choose_config`` should be the winners recorded in
 bench/results/.
 """
 
@@ -36,56 +36,60 @@ def check(cfg, d, causal):
     return error_metrics(o, ref)["rel_l1"]
 
 
-def main():
+def candidates(d, n, args):
+    base = st.config_for(d, torch.bfloat16, torch.device("cuda"), n)
+    out = [base, replace(base, q_per_token=False)]
+    for bm, bn, w, s in itertools.product(args.block_m or [base.block_m], args.block_n, args.warps, args.stages):
+        out.append(replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=s))
+    return list(dict.fromkeys(out))
+
+
+def sweep(cands, d, n, args):
     from triton.testing import do_bench
 
+    b, h = args.b, args.h
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(q)
+    ops = 4 * b * h * n * n * d / (2 if args.causal else 1)
+    results = []
+    for cfg in cands:
+        try:
+            err = check(cfg, d, args.causal)
+            e2e = do_bench(lambda: st.forward(q, k, v, o, is_causal=args.causal, sm_scale=d ** -0.5,
+                                              smooth_k=True, return_lse=False, config=cfg),
+                           warmup=25, rep=150, return_mode="median")
+            km = k.mean(dim=2, dtype=torch.float32)
+            quant = lambda: quant_qk_int8(q, k, km, d ** -0.5, block_q=cfg.block_m, block_k=cfg.block_n,  # noqa: E731
+                                          block_d=cfg.block_d, q_per_token=cfg.q_per_token,
+                                          k_per_token=cfg.k_per_token, lse_corr=False)
+            qq = quant()
+            kern = do_bench(lambda: attn_int8(qq, v, o, None, cfg, n_q=n, n_k=n, is_causal=args.causal),
+                            warmup=25, rep=150, return_mode="median")
+            tq = do_bench(quant, warmup=10, rep=50, return_mode="median")
+            results.append((ops / e2e / 1e9, ops / kern / 1e9, tq, e2e, err, cfg))
+        except Exception as exc:
+            print(f"{cfg}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+    print(f"\nD={d} N={n} B={b} H={h} causal={args.causal}: TOPS end to end | kernel only | quant ms | e2e ms | rel-L1 vs reference")
+    for e2e, kern, tq, ms, err, cfg in sorted(results, key=lambda r: -r[0]):
+        print(f"{e2e:7.1f} {kern:7.1f} {tq:7.3f} {ms:7.3f} {err:.1e}  bm={cfg.block_m} bn={cfg.block_n} "
+              f"w={cfg.num_warps} s={cfg.num_stages} qtok={int(cfg.q_per_token)}", flush=True)
+
+
+def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, nargs="*", default=[128, 64])
-    ap.add_argument("--n", type=int, default=16384)
+    ap.add_argument("--n", type=int, nargs="*", default=[16384, 1024])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=32)
+    ap.add_argument("--warps", type=int, nargs="*", default=[4, 8])
+    ap.add_argument("--stages", type=int, nargs="*", default=[2, 3, 4])
+    ap.add_argument("--block-n", type=int, nargs="*", default=[64, 128])
+    ap.add_argument("--block-m", type=int, nargs="*", help="default: the configured one")
     args = ap.parse_args()
     for d in args.d:
-        base = st.config_for(d, torch.bfloat16, torch.device("cuda"))
-        cands = [base]
-        for bm, bn, w, s in itertools.product((128,), (64, 128), (4, 8), (2, 3, 4)):
-            cands.append(replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=s))
-        cands.append(replace(base, q_per_token=False))
-        cands.append(replace(base, block_m=64, num_warps=4))
-        seen, results = set(), []
-        b, h, n = args.b, args.h, args.n
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        ops = 4 * b * h * n * n * d / (2 if args.causal else 1)
-        for cfg in cands:
-            if cfg in seen:
-                continue
-            seen.add(cfg)
-            o = torch.empty_like(q)
-            try:
-                err = check(cfg, d, args.causal)
-                e2e = do_bench(lambda: st.forward(q, k, v, o, is_causal=args.causal, sm_scale=d ** -0.5,
-                                                  smooth_k=True, return_lse=False, config=cfg),
-                               warmup=25, rep=150, return_mode="median")
-                km = k.mean(dim=2, dtype=torch.float32)
-                qq = quant_qk_int8(q, k, km, d ** -0.5, block_q=cfg.block_m, block_k=cfg.block_n,
-                                   block_d=cfg.block_d, q_per_token=cfg.q_per_token,
-                                   k_per_token=cfg.k_per_token, lse_corr=False)
-                kern = do_bench(lambda: attn_int8(qq, v, o, None, cfg, n_q=n, n_k=n, is_causal=args.causal),
-                                warmup=25, rep=150, return_mode="median")
-                quant = do_bench(lambda: quant_qk_int8(q, k, km, d ** -0.5, block_q=cfg.block_m,
-                                                       block_k=cfg.block_n, block_d=cfg.block_d,
-                                                       q_per_token=cfg.q_per_token,
-                                                       k_per_token=cfg.k_per_token, lse_corr=False),
-                                 warmup=10, rep=50, return_mode="median")
-                results.append((ops / e2e / 1e9, ops / kern / 1e9, quant, err, cfg))
-            except Exception as exc:
-                print(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        print(f"\nD={d} N={n} B={b} H={h} causal={args.causal}  (TOPS end to end / kernel only, quant ms, rel-L1 vs reference)")
-        for e2e, kern, quant, err, cfg in sorted(results, key=lambda r: -r[0]):
-            print(f"{e2e:7.1f} {kern:7.1f} {quant:6.3f}ms {err:.1e}  bm={cfg.block_m} bn={cfg.block_n} "
-                  f"w={cfg.num_warps} s={cfg.num_stages} qtok={int(cfg.q_per_token)}", flush=True)
-        del q, k, v
+        for n in args.n:
+            sweep(candidates(d, n, args), d, n, args)
 
 
 if __name__ == "__main__":

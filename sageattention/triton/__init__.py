@@ -25,12 +25,13 @@ def _device_limits(index: int):
     return cap, smem
 
 
-def config_for(head_dim: int, dtype: torch.dtype, device: torch.device) -> AttnConfig:
-    """The configuration :func:`forward` uses for these inputs on ``device``."""
+def config_for(head_dim: int, dtype: torch.dtype, device: torch.device, n_k: Optional[int] = None) -> AttnConfig:
+    """The configuration :func:`forward` uses for these inputs on ``device`` (``n_k``: keys
+    per sequence, the longest one for varlen)."""
     if device.type == "cuda":
         cap, smem = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
-        return choose_config(head_dim, dtype, cap, smem)
-    return choose_config(head_dim, dtype)  # Triton interpreter (tests on the CPU)
+        return choose_config(head_dim, dtype, cap, smem, n_k)
+    return choose_config(head_dim, dtype, n_k=n_k)  # Triton interpreter (tests on the CPU)
 
 
 def forward(
@@ -51,7 +52,7 @@ def forward(
     """
     B, h_q, n_q, D = q4.shape
     n_k = k4.shape[2]
-    cfg = config or config_for(D, q4.dtype, q4.device)
+    cfg = config or config_for(D, q4.dtype, q4.device, n_k)
     km = k4.mean(dim=2, dtype=torch.float32) if smooth_k else None
     qq = quant_qk_int8(
         q4, k4, km, sm_scale,
@@ -89,7 +90,7 @@ def forward_varlen(
     total_q, h_q, D = q3.shape
     total_k, h_k, _ = k3.shape
     nb = cu_q.numel() - 1
-    cfg = config or config_for(D, q3.dtype, q3.device)
+    cfg = config or config_for(D, q3.dtype, q3.device, max_k)
     q4, k4, v4, o4 = (t.unsqueeze(0).transpose(1, 2) for t in (q3, k3, v3, o3))
     km = None
     if smooth_k:

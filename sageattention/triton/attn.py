@@ -229,18 +229,29 @@ _FP16_ACC_FASTER = {(8, 6), (8, 9), (12, 0), (12, 1)}
 
 
 def choose_config(
-    head_dim: int, dtype: torch.dtype, capability: tuple = (9, 0), smem_bytes: Optional[int] = None
+    head_dim: int,
+    dtype: torch.dtype,
+    capability: tuple = (9, 0),
+    smem_bytes: Optional[int] = None,
+    n_k: Optional[int] = None,
 ) -> AttnConfig:
+    """Tiles for a launch. Measured on an H100 (bench/results/, bench/sweep_triton.py):
+    BLOCK_N=128 wins from about 8k keys on (D=128, N=16k: 567 vs 517 TOPS end to end),
+    BLOCK_N=64 below (N=1k: 274 vs 196; N=4k: 446 vs 424); 4 warps for D<=64, 8 above."""
     block_d = block_d_for(head_dim)
-    block_m = 128 if block_d <= 128 else 64
-    block_n = 64
-    num_warps = 4 if block_d <= 64 else 8
+    long_kv = n_k is not None and n_k >= 8192
+    if block_d <= 128:
+        block_m, block_n = 128, (128 if long_kv else 64)
+        num_warps = 4 if block_d <= 64 else 8
+        max_stages = 3
+    else:
+        block_m, block_n, num_warps, max_stages = 64, 64, 8, 2
     if smem_bytes is None:
         smem_bytes = 227 * 1024 if tuple(capability) in {(8, 0), (9, 0)} else 99 * 1024
     # per stage: a K tile (int8) and a V tile (16-bit); plus the Q tile and some slack
     per_stage = block_n * block_d * 3
     fixed = block_m * block_d + 8 * 1024
-    num_stages = max(1, min(3, (smem_bytes - fixed) // per_stage))
+    num_stages = max(1, min(max_stages, (smem_bytes - fixed) // per_stage))
     return AttnConfig(
         block_m=block_m,
         block_n=block_n,

@@ -1,0 +1,73 @@
+"""Accuracy of each backend against fp32 attention on the baseline inputs.
+
+    python bench/accuracy.py [--out bench/results]
+
+Inputs as in ../shared/reference/h100-baseline.md: B=1, H=8, N=4096, bf16, HND, q/k/v
+standard normal, K with a per-channel bias of 3 sigma; D 64 and 128, causal and not.
+Reference: SDPA's math backend in fp32 on the same bf16 inputs. Prints and writes a
+Markdown table (cosine similarity / relative L1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import sageattention as sa  # noqa: E402
+from bench import commit  # noqa: E402
+from sageattention.reference import error_metrics  # noqa: E402
+
+
+def inputs(d, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 8, 4096, d, generator=g) for _ in range(3))
+    k = k + 3.0 * torch.randn(1, 1, 1, d, generator=g)
+    return [t.to(torch.bfloat16).cuda() for t in (q, k, v)]
+
+
+def main():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    funcs = {
+        "sdpa (bf16)": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c),
+        "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c),
+        "triton": lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=c),
+    }
+    rows = []
+    for d in (64, 128):
+        for causal in (False, True):
+            q, k, v = inputs(d)
+            with sdpa_kernel([SDPBackend.MATH]):
+                ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+            cells = []
+            for name, fn in funcs.items():
+                m = error_metrics(fn(q, k, v, causal), ref)
+                cells.append(f"{m['cos']:.6f} / {m['rel_l1']:.4f}")
+            rows.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+    dev = torch.cuda.get_device_name()
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"# Accuracy vs fp32, {dev}, {date}, commit {commit()}\n\n"
+            "Command: `python bench/accuracy.py`. B=1, H=8, N=4096, bf16, K bias 3 sigma; "
+            "cosine / relative L1 against SDPA math in fp32.\n\n"
+            "| D | causal | " + " | ".join(funcs) + " |\n|---|---|" + "---|" * len(funcs) + "\n"
+            + "\n".join(rows) + "\n")
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{date[:10]}-{dev.replace(' ', '_')}-{commit()}-accuracy.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

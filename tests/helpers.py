@@ -71,11 +71,14 @@ def assert_lse_close_to_reference(lse, ref):
     """LSE against the reference: equal to fp32 rounding on nearly every row. A row may
     differ more when one of its INT8 Q values was rounded the other way at a tie (the GPU's
     fp32 division and FMA contraction differ from the reference's IEEE steps in the last
-    bit; bf16 inputs land on exact ties more often): at most 2% of rows, by at most 0.05."""
+    bit; bf16 inputs land on exact ties more often; rows that see one or two keys, as the
+    first causal rows, feel a flip most): at most max(4, 2%) rows, by at most 0.05."""
     d = (lse.float() - ref.float()).abs()
     d = torch.where(torch.isinf(lse) & torch.isinf(ref) & (lse == ref), torch.zeros_like(d), d)
-    off = (d > 1e-3).float().mean().item() if d.numel() else 0.0
-    assert off <= 0.02 and d.max().item() <= 0.05, f"LSE vs reference: {off:.1%} of rows off by > 1e-3, max {d.max().item():.3g}"
+    off = int((d > 1e-3).sum().item())
+    worst = d.max().item() if d.numel() else 0.0
+    assert off <= max(4, 0.02 * d.numel()) and worst <= 0.05, (
+        f"LSE vs reference: {off} of {d.numel()} rows off by > 1e-3, max {worst:.3g}")
 
 
 # Against fp32 attention, random normal inputs: INT8 Q/K is the dominant error. The

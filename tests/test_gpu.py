@@ -124,7 +124,7 @@ def test_varlen_grid(dtype, causal, d, gqa):
             assert_close_to_fp32(o[sq:sq + nq][None], eo, f"varlen {nq}x{nk}")
             assert (lse[:, sq:sq + nq] - el[0]).abs().max() < LSE_VS_FP32
             od = sa.sageattn(*part, tensor_layout="NHD", is_causal=causal)
-            assert torch.equal(o[sq:sq + nq], od[0])
+            assert_close_to_reference(o[sq:sq + nq], od[0], dtype, f"varlen {nq}x{nk} vs dense")
         elif nq:
             assert (o[sq:sq + nq] == 0).all()
         sq += nq
@@ -160,8 +160,8 @@ def test_hostile_large(fn, dtype, kind):
         q, k, v = q * 0, k * 0, v * 0
     elif kind == "constant_v_channel":
         v[..., 5] = -2.5
-    elif kind == "huge_v":
-        v = v * (1e6 if dtype == torch.bfloat16 else 6e4)
+    elif kind == "huge_v":  # bf16: far beyond fp16's range; fp16: up to its largest value
+        v = v * 1e6 if dtype == torch.bfloat16 else v / v.abs().max() * 65000
     elif kind == "huge_q":
         q = q * 300.0
     q, k, v = (t.to(dtype).cuda() for t in (q, k, v))

@@ -184,8 +184,8 @@ def choose(device: torch.device) -> Choice:
         _warned.add((cap, skipped))
         warnings.warn(
             f"sageattn: the {skipped} kernel preferred on sm{cap[0]}{cap[1]} is not in this build "
-            f"({backend_status(skipped, cap)[1]}); using {choice.backend} instead. "
-            "See README.md, 'Building the CUDA kernels'.",
+            f"({backend_status(skipped, cap)[1]}); using {choice.backend} instead "
+            "(README.md, 'What is in this release').",
             RuntimeWarning,
             stacklevel=3,
         )

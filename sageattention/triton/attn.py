@@ -232,7 +232,8 @@ def choose_config(
 ) -> AttnConfig:
     """Tiles for a launch. Measured on an H100 (bench/results/, bench/sweep_triton.py):
     BLOCK_N=128 wins from about 8k keys on (D=128, N=16k: 567 vs 517 TOPS end to end),
-    BLOCK_N=64 below (N=1k: 274 vs 196; N=4k: 446 vs 424); 4 warps for D<=64, 8 above."""
+    BLOCK_N=64 below (N=1k: 274 vs 196; N=4k: 446 vs 424); 4 warps for D<=64, 8 above;
+    D>128: 128x64 tiles, one stage (D=256, N=4k: 155 vs 129 TOPS for 64x64, two stages)."""
     block_d = block_d_for(head_dim)
     long_kv = n_k is not None and n_k >= 8192
     if block_d <= 128:
@@ -240,7 +241,7 @@ def choose_config(
         num_warps = 4 if block_d <= 64 else 8
         max_stages = 3
     else:
-        block_m, block_n, num_warps, max_stages = 64, 64, 8, 2
+        block_m, block_n, num_warps, max_stages = 128, 64, 8, 1
     if smem_bytes is None:
         smem_bytes = 227 * 1024 if tuple(capability) in {(8, 0), (9, 0)} else 99 * 1024
     # per stage: a K tile (int8) and a V tile (16-bit); plus the Q tile and some slack

@@ -213,6 +213,13 @@ def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x if hk == hq else x.repeat_interleave(hq // hk, dim=1)
 
 
+def _row_chunks(nq: int, nk: int, heads: int, budget: int = 1 << 26):
+    """Query-row ranges whose [heads, rows, nk] score block holds at most ``budget`` elements
+    (rows are independent, so chunking changes nothing but peak memory)."""
+    step = max(1, budget // max(1, heads * nk))
+    return [(i, min(nq, i + step)) for i in range(0, nq, step)] or [(0, 0)]
+
+
 def causal_mask(nq: int, nk: int, device=None) -> torch.Tensor:
     """True where query i may see key j: j <= i (top-left aligned, as torch's SDPA)."""
     i = torch.arange(nq, device=device)[:, None]
@@ -239,11 +246,15 @@ def attention_exact(
     hq = qh.shape[1]
     kh, vh = _expand_kv(kh, hq), _expand_kv(vh, hq)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
-    if is_causal:
-        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    o = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), vh)
+    nq, nk = qh.shape[-2], kh.shape[-2]
+    o = torch.empty(qh.shape[:-1] + (vh.shape[-1],), dtype=dtype, device=q.device)
+    lse = torch.empty(qh.shape[:-1], dtype=dtype, device=q.device)
+    for i0, i1 in _row_chunks(nq, nk, qh.shape[0] * hq):
+        s = torch.matmul(qh[..., i0:i1, :], kh.transpose(-1, -2)) * scale
+        if is_causal:
+            s = s.masked_fill(~causal_mask(nq, nk, s.device)[i0:i1], float("-inf"))
+        lse[..., i0:i1] = torch.logsumexp(s, dim=-1)
+        o[..., i0:i1, :] = torch.matmul(torch.exp(s - lse[..., i0:i1].unsqueeze(-1)), vh)
     o = from_hnd(o, tensor_layout)
     return (o, lse) if return_lse else o
 
@@ -311,31 +322,34 @@ def attention_quantized(
     if vm is not None:
         vm = _expand_kv(vm, hq)
 
-    s_int = torch.matmul(qq.to(f64), kq.to(f64).transpose(-1, -2))  # exact integers
-    # scaling in fp32, as the kernels do (int32 -> fp32, times fp32 scales)
-    s = (s_int.float() * q_tok.unsqueeze(-1) * k_tok.unsqueeze(-2)).to(f64)
-    if is_causal:
-        s = s.masked_fill(~causal_mask(nq, nk, s.device), float("-inf"))
-
     m = torch.full((B, hq, nq), float("-inf"), dtype=f64, device=q.device)
     l = torch.zeros((B, hq, nq), dtype=f64, device=q.device)
     acc = torch.zeros((B, hq, nq, d), dtype=f64, device=q.device)
     block_acc = {"fp16+fp32": "fp16", "fp32+fp16": "fp16"}.get(cfg.pv_accum)
-    for j0 in range(0, nk, cfg.block_n):
-        sb = s[..., j0 : j0 + cfg.block_n]
-        m_new = torch.maximum(m, sb.amax(dim=-1))
-        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        alpha = torch.exp2(m - m_safe)
-        p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
-        l = l * alpha + p.sum(dim=-1)
-        pr = round_to(p * cfg.p_scale, "fp8") / cfg.p_scale if cfg.pv == "fp8" else round_to(p, cfg.pv)
-        blk = torch.matmul(pr, vop[..., j0 : j0 + cfg.block_n, :].to(f64))
-        if block_acc is not None:
-            # per-block accumulator of limited range: the kernel sums p_scaled * v there
-            scaled = blk * (cfg.p_scale if cfg.pv == "fp8" else 1.0)
-            blk = round_to(scaled, block_acc) / (cfg.p_scale if cfg.pv == "fp8" else 1.0)
-        acc = acc * alpha.unsqueeze(-1) + blk
-        m = m_new
+    for i0, i1 in _row_chunks(nq, nk, B * hq):
+        s_int = torch.matmul(qq[..., i0:i1, :].to(f64), kq.to(f64).transpose(-1, -2))  # exact integers
+        # scaling in fp32, as the kernels do (int32 -> fp32, times fp32 scales)
+        s = (s_int.float() * q_tok[..., i0:i1].unsqueeze(-1) * k_tok.unsqueeze(-2)).to(f64)
+        del s_int
+        if is_causal:
+            s = s.masked_fill(~causal_mask(nq, nk, s.device)[i0:i1], float("-inf"))
+        mc, lc, ac = m[..., i0:i1], l[..., i0:i1], acc[..., i0:i1, :]
+        for j0 in range(0, nk, cfg.block_n):
+            sb = s[..., j0 : j0 + cfg.block_n]
+            m_new = torch.maximum(mc, sb.amax(dim=-1))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp2(mc - m_safe)
+            p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
+            lc = lc * alpha + p.sum(dim=-1)
+            pr = round_to(p * cfg.p_scale, "fp8") / cfg.p_scale if cfg.pv == "fp8" else round_to(p, cfg.pv)
+            blk = torch.matmul(pr, vop[..., j0 : j0 + cfg.block_n, :].to(f64))
+            if block_acc is not None:
+                # per-block accumulator of limited range: the kernel sums p_scaled * v there
+                scaled = blk * (cfg.p_scale if cfg.pv == "fp8" else 1.0)
+                blk = round_to(scaled, block_acc) / (cfg.p_scale if cfg.pv == "fp8" else 1.0)
+            ac = ac * alpha.unsqueeze(-1) + blk
+            mc = m_new
+        m[..., i0:i1], l[..., i0:i1], acc[..., i0:i1, :] = mc, lc, ac
     l_safe = torch.where(l == 0, torch.ones_like(l), l)
     o = acc / l_safe.unsqueeze(-1)
     if v_scale is not None:

@@ -224,3 +224,19 @@ def test_error_metrics():
     m = error_metrics(a * 1.1, a)
     assert m["rel_l1"] == pytest.approx(0.1) and m["cos"] == pytest.approx(1.0)
     assert not error_metrics(torch.tensor([float("nan")]), a[:1])["finite"]
+
+
+def test_row_chunking_changes_nothing(monkeypatch):
+    """The references process query rows in chunks to bound memory; results are the same."""
+    import sageattention.reference as R
+
+    q, k, v = make_qkv(1, 2, 1, 300, 280, 32, torch.float16, k_bias=1.0)
+    full = R.attention_quantized(q, k, v, is_causal=True, return_lse=True)
+    exact = R.attention_exact(q, k, v, is_causal=True, return_lse=True)
+    small = R._row_chunks
+    monkeypatch.setattr(R, "_row_chunks", lambda nq, nk, h, budget=0: small(nq, nk, h, budget=5000))
+    assert len(R._row_chunks(300, 280, 2)) > 10
+    chunked = R.attention_quantized(q, k, v, is_causal=True, return_lse=True)
+    assert torch.equal(full[0], chunked[0]) and torch.equal(full[1], chunked[1])
+    ex = R.attention_exact(q, k, v, is_causal=True, return_lse=True)
+    assert torch.allclose(exact[0], ex[0]) and torch.allclose(exact[1], ex[1])

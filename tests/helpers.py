@@ -31,6 +31,33 @@ def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0
     return out
 
 
+HOSTILE = ["k_bias", "zero_blocks", "all_zero", "constant_v_channel", "huge_v", "huge_q"]
+
+
+def hostile_qkv(kind, n, d, dtype, device, heads=2):
+    """Inputs that break naive quantization: a huge per-channel K bias, all-zero blocks,
+    all zeros, a constant V channel, |V| beyond fp16's range (bf16; fp16 gets its largest
+    values), an extremely peaked softmax."""
+    q, k, v = make_qkv(1, heads, heads, n, n, d, torch.float32, "HND", "cpu")
+    if kind == "k_bias":
+        k = k + 50.0 * torch.randn(d)
+    elif kind == "zero_blocks":
+        q[..., :128, :] = 0
+        k[..., 64:128, :] = 0
+        v[..., :64, :] = 0
+    elif kind == "all_zero":
+        q, k, v = q * 0, k * 0, v * 0
+    elif kind == "constant_v_channel":
+        v[..., 5] = -2.5
+    elif kind == "huge_v":
+        v = v * 1e6 if dtype == torch.bfloat16 else v / v.abs().max() * 65000
+    elif kind == "huge_q":
+        q = q * 300.0
+    else:
+        raise ValueError(kind)
+    return [t.to(dtype).to(device) for t in (q, k, v)]
+
+
 def hnd(t, layout):
     return t if layout == "HND" else t.transpose(1, 2)
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..reference import LN2, QuantConfig
-from .quant import QuantQK, Varlen
+from .quant import QuantQK, Varlen, seq_rows
 
 LN2_C = tl.constexpr(LN2)
 
@@ -98,20 +98,8 @@ def _attn_fwd_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     hk = h // group
-    if VARLEN:
-        q_row0 = tl.load(CU_Q + b)
-        q_len = tl.load(CU_Q + b + 1) - q_row0
-        k_row0 = tl.load(CU_K + b)
-        k_len = tl.load(CU_K + b + 1) - k_row0
-        qi_row0 = tl.load(CU_PAD_Q + b)
-        ki_row0 = tl.load(CU_PAD_K + b)
-    else:
-        q_row0 = 0
-        q_len = n_q
-        k_row0 = 0
-        k_len = n_k
-        qi_row0 = 0
-        ki_row0 = 0
+    q_row0, q_len, qi_row0 = seq_rows(CU_Q, CU_PAD_Q, b, n_q, VARLEN)
+    k_row0, k_len, ki_row0 = seq_rows(CU_K, CU_PAD_K, b, n_k, VARLEN)
     q_lo = pid_m * BLOCK_M
     if q_lo >= q_len:
         return

@@ -69,6 +69,17 @@ def _quant_block(
         tl.store(s_base + o_row0 // BLOCK + blk, amax / 127.0)
 
 
+@triton.jit
+def seq_rows(CU, CU_PAD, b, n, VARLEN: tl.constexpr):
+    """(first row, length, first row in the padded INT8 buffers) of sequence ``b``: from the
+    offsets for a packed batch, else ``(0, n, 0)``."""
+    if VARLEN:
+        row0 = tl.load(CU + b)
+        return row0, tl.load(CU + b + 1) - row0, tl.load(CU_PAD + b)
+    else:
+        return 0, n, 0
+
+
 @triton.jit(do_not_specialize=["n_q", "n_k"])
 def _quant_qk_kernel(
     Q, q_sb, q_sh, q_sn, K, k_sb, k_sh, k_sn,
@@ -87,14 +98,7 @@ def _quant_qk_kernel(
     if pid < n_qprog:
         h = pid // n_qblk
         blk = pid % n_qblk
-        if VARLEN:
-            row0 = tl.load(CU_Q + b)
-            seq_len = tl.load(CU_Q + b + 1) - row0
-            o_row0 = tl.load(CU_PAD_Q + b)
-        else:
-            row0 = 0
-            seq_len = n_q
-            o_row0 = 0
+        row0, seq_len, o_row0 = seq_rows(CU_Q, CU_PAD_Q, b, n_q, VARLEN)
         if blk * BLOCK_Q < seq_len:
             _quant_block(Q, q_sb, q_sh, q_sn, QO, qo_sb, qo_sh, QS, qs_sb, qs_sh,
                          KM, km_sb, km_sh, QKM, qkm_sb, qkm_sh,
@@ -104,14 +108,7 @@ def _quant_qk_kernel(
         pid = pid - n_qprog
         h = pid // n_kblk
         blk = pid % n_kblk
-        if VARLEN:
-            row0 = tl.load(CU_K + b)
-            seq_len = tl.load(CU_K + b + 1) - row0
-            o_row0 = tl.load(CU_PAD_K + b)
-        else:
-            row0 = 0
-            seq_len = n_k
-            o_row0 = 0
+        row0, seq_len, o_row0 = seq_rows(CU_K, CU_PAD_K, b, n_k, VARLEN)
         if blk * BLOCK_K < seq_len:
             _quant_block(K, k_sb, k_sh, k_sn, KO, ko_sb, ko_sh, KS, ks_sb, ks_sh,
                          KM, km_sb, km_sh, QKM, qkm_sb, qkm_sh,

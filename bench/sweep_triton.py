@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sageattention import triton as st  # noqa: E402
 from sageattention.reference import attention_quantized, error_metrics  # noqa: E402
 from sageattention.triton.attn import attn_int8  # noqa: E402
-from sageattention.triton.quant import quant_qk_int8  # noqa: E402
 
 
 def check(cfg, d, causal):
@@ -59,9 +58,7 @@ def sweep(cands, d, n, args):
                                               smooth_k=True, return_lse=False, config=cfg),
                            warmup=25, rep=150, return_mode="median")
             km = k.mean(dim=2, dtype=torch.float32)
-            quant = lambda: quant_qk_int8(q, k, km, d ** -0.5, block_q=cfg.block_m, block_k=cfg.block_n,  # noqa: E731
-                                          block_d=cfg.block_d, q_per_token=cfg.q_per_token,
-                                          k_per_token=cfg.k_per_token, lse_corr=False)
+            quant = lambda: st.quantize(q, k, km, d ** -0.5, cfg)  # noqa: E731
             qq = quant()
             kern = do_bench(lambda: attn_int8(qq, v, o, None, cfg, n_q=n, n_k=n, is_causal=args.causal),
                             warmup=25, rep=150, return_mode="median")

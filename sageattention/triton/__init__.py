@@ -14,7 +14,7 @@ import torch
 from .attn import AttnConfig, attn_int8, block_d_for, choose_config
 from .quant import QuantQK, Varlen, padded_offsets, quant_qk_int8
 
-__all__ = ["AttnConfig", "choose_config", "block_d_for", "forward", "forward_varlen", "config_for"]
+__all__ = ["AttnConfig", "choose_config", "block_d_for", "quantize", "forward", "forward_varlen", "config_for"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,6 +32,17 @@ def config_for(head_dim: int, dtype: torch.dtype, device: torch.device, n_k: Opt
         cap, smem = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
         return choose_config(head_dim, dtype, cap, smem, n_k)
     return choose_config(head_dim, dtype, n_k=n_k)  # Triton interpreter (tests on the CPU)
+
+
+def quantize(q4, k4, km, sm_scale: float, cfg: AttnConfig, lse_corr: bool = False,
+             varlen: Optional[Varlen] = None) -> QuantQK:
+    """INT8 Q/K with the block sizes and scale granularity of the launch ``cfg``."""
+    return quant_qk_int8(
+        q4, k4, km, sm_scale,
+        block_q=cfg.block_m, block_k=cfg.block_n, block_d=cfg.block_d,
+        q_per_token=cfg.q_per_token, k_per_token=cfg.k_per_token,
+        lse_corr=lse_corr, varlen=varlen,
+    )
 
 
 def forward(
@@ -54,12 +65,7 @@ def forward(
     n_k = k4.shape[2]
     cfg = config or config_for(D, q4.dtype, q4.device, n_k)
     km = k4.mean(dim=2, dtype=torch.float32) if smooth_k else None
-    qq = quant_qk_int8(
-        q4, k4, km, sm_scale,
-        block_q=cfg.block_m, block_k=cfg.block_n, block_d=cfg.block_d,
-        q_per_token=cfg.q_per_token, k_per_token=cfg.k_per_token,
-        lse_corr=return_lse and smooth_k,
-    )
+    qq = quantize(q4, k4, km, sm_scale, cfg, lse_corr=return_lse and smooth_k)
     lse = torch.empty((B, h_q, n_q), dtype=torch.float32, device=q4.device) if return_lse else None
     attn_int8(qq, v4, o4, lse, cfg, n_q=n_q, n_k=n_k, is_causal=is_causal)
     return lse
@@ -102,12 +108,7 @@ def forward_varlen(
     cu_pad_q, rows_q = padded_offsets(cu_q, cfg.block_m, total_q)
     cu_pad_k, rows_k = padded_offsets(cu_k, cfg.block_n, total_k)
     vl = Varlen(cu_q, cu_k, cu_pad_q, cu_pad_k, max_q, max_k, rows_q, rows_k)
-    qq = quant_qk_int8(
-        q4, k4, km, sm_scale,
-        block_q=cfg.block_m, block_k=cfg.block_n, block_d=cfg.block_d,
-        q_per_token=cfg.q_per_token, k_per_token=cfg.k_per_token,
-        lse_corr=return_lse and smooth_k, varlen=vl,
-    )
+    qq = quantize(q4, k4, km, sm_scale, cfg, lse_corr=return_lse and smooth_k, varlen=vl)
     lse = torch.empty((h_q, total_q), dtype=torch.float32, device=q3.device) if return_lse else None
     attn_int8(qq, v4, o4, lse, cfg, n_q=max_q, n_k=max_k, is_causal=is_causal, varlen=vl)
     return lse

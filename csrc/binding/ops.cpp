@@ -1,0 +1,239 @@
+// Torch binding of the kernels: registers custom ops with TORCH_LIBRARY (schema + CUDA
+// implementation; the fake implementations for torch.compile are in sageattention/_cuda.py).
+// No pybind11: the Python module only exists so that `import` loads this library, and it
+// is built against the Python limited API (abi3).
+//
+// Built twice: SAGE_EXT/SAGE_OPS name the extension and its op namespace, SAGE_FP16_PV /
+// SAGE_FP8 select the kernel family (see setup.py).
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "../kernels/launch.h"
+
+#define SAGE_STR2(x) #x
+#define SAGE_STR(x) SAGE_STR2(x)
+#define SAGE_CAT2(a, b) a##b
+#define SAGE_CAT(a, b) SAGE_CAT2(a, b)
+
+namespace {
+
+using at::Tensor;
+
+constexpr const char* kOps = SAGE_STR(SAGE_OPS);
+
+void check_cuda(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, kOps, "::", what, ": CUDA error: ", cudaGetErrorString(err));
+}
+
+sage::DType dtype_of(const Tensor& t, const char* op, const char* arg) {
+  if (t.scalar_type() == at::kHalf) return sage::DType::kHalf;
+  if (t.scalar_type() == at::kBFloat16) return sage::DType::kBFloat16;
+  TORCH_CHECK(false, kOps, "::", op, ": ", arg, " must be float16 or bfloat16, got ", t.scalar_type());
+}
+
+void check_input(const Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(t.is_cuda(), kOps, "::", op, ": ", arg, " must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK(t.dim() == 4, kOps, "::", op, ": ", arg, " must be 4-D [B, H, N, D], got ", t.dim(), "-D");
+  TORCH_CHECK(t.size(3) == 1 || t.stride(3) == 1, kOps, "::", op, ": ", arg, " needs unit stride on the last dim");
+}
+
+void check_f32(const Tensor& t, const char* op, const char* arg, std::initializer_list<int64_t> shape) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), kOps, "::", op, ": ", arg,
+              " must be a contiguous float32 tensor");
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), kOps, "::", op, ": ", arg, " has shape ", t.sizes(),
+              ", expected ", at::IntArrayRef(shape));
+}
+
+std::tuple<Tensor, Tensor, Tensor> quant_int8(const Tensor& x, const std::optional<Tensor>& mean,
+                                              const std::optional<Tensor>& dot_mean, double prescale,
+                                              int64_t block_rows, int64_t groups, int64_t n_pad, int64_t d_pad) {
+  const char* op = "quant_int8";
+  check_input(x, op, "x");
+  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), D = x.size(3);
+  TORCH_CHECK(n_pad >= N && block_rows > 0 && n_pad % block_rows == 0 && d_pad >= D && d_pad % 16 == 0,
+              kOps, "::", op, ": bad padding n_pad=", n_pad, " d_pad=", d_pad, " block_rows=", block_rows);
+  TORCH_CHECK(groups == 1 || groups == 4 || groups == 8, kOps, "::", op, ": groups must be 1, 4 or 8, got ", groups);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto f32 = x.options().dtype(at::kFloat);
+  Tensor out = at::empty({B, H, n_pad, d_pad}, x.options().dtype(at::kChar));
+  Tensor scale = at::empty({B, H, n_pad / block_rows * groups}, f32);
+  Tensor rowdot = at::empty({dot_mean ? B : 0, dot_mean ? H : 0, dot_mean ? N : 0}, f32);
+  sage::QuantInt8Params p{};
+  p.x = x.data_ptr();
+  p.dtype = dtype_of(x, op, "x");
+  p.stride_b = x.stride(0), p.stride_h = x.stride(1), p.stride_n = x.stride(2);
+  p.batch = B, p.heads = H, p.n = N, p.d = D, p.n_pad = n_pad, p.d_pad = d_pad;
+  p.block_rows = block_rows, p.groups = groups, p.prescale = static_cast<float>(prescale);
+  p.heads_kv = H;
+  if (mean) {
+    check_f32(*mean, op, "mean", {B, H, D});
+    p.mean = mean->data_ptr<float>();
+  }
+  if (dot_mean) {
+    const int64_t hkv = dot_mean->dim() == 3 ? dot_mean->size(1) : 0;
+    TORCH_CHECK(hkv > 0 && H % hkv == 0, kOps, "::", op, ": dot_mean heads must divide x heads");
+    check_f32(*dot_mean, op, "dot_mean", {B, hkv, D});
+    p.dot_mean = dot_mean->data_ptr<float>();
+    p.heads_kv = hkv;
+    p.rowdot = rowdot.data_ptr<float>();
+  }
+  p.out = out.data_ptr<int8_t>();
+  p.scale = scale.data_ptr<float>();
+  check_cuda(sage::quant_int8(p, c10::cuda::getCurrentCUDAStream()), op);
+  return {out, scale, rowdot};
+}
+
+#if defined(SAGE_FP8)
+std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max, bool smooth, int64_t n_pad,
+                                               int64_t d_pad) {
+  const char* op = "quant_v_fp8";
+  check_input(v, op, "v");
+  const int64_t B = v.size(0), H = v.size(1), N = v.size(2), D = v.size(3);
+  TORCH_CHECK(n_pad >= N && n_pad % 64 == 0 && d_pad >= D && d_pad % 32 == 0, kOps, "::", op,
+              ": bad padding n_pad=", n_pad, " d_pad=", d_pad);
+  c10::cuda::CUDAGuard guard(v.device());
+  auto f32 = v.options().dtype(at::kFloat);
+  Tensor out = at::empty({B, H, d_pad, n_pad}, v.options().dtype(at::kFloat8_e4m3fn));
+  Tensor scale = at::empty({B, H, d_pad}, f32);
+  Tensor mean = at::empty({smooth ? B : 0, smooth ? H : 0, smooth ? d_pad : 0}, f32);
+  sage::QuantVFp8Params p{};
+  p.v = v.data_ptr();
+  p.dtype = dtype_of(v, op, "v");
+  p.stride_b = v.stride(0), p.stride_h = v.stride(1), p.stride_n = v.stride(2);
+  p.batch = B, p.heads = H, p.n = N, p.d = D, p.n_pad = n_pad, p.d_pad = d_pad;
+  p.scale_max = static_cast<float>(scale_max);
+  p.out = reinterpret_cast<uint8_t*>(out.data_ptr());
+  p.scale = scale.data_ptr<float>();
+  p.mean = smooth ? mean.data_ptr<float>() : nullptr;
+  check_cuda(sage::quant_v_fp8(p, c10::cuda::getCurrentCUDAStream()), op);
+  return {out, scale, mean};
+}
+#endif
+
+// fp16/bf16 V as the kernel reads it: unit stride, 16-byte aligned rows, head dim d_pad.
+Tensor prepare_v(const Tensor& v, int64_t d_pad) {
+  const int64_t D = v.size(3);
+  const bool aligned = D == d_pad && v.stride(3) == 1 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
+                       v.stride(2) % 8 == 0 && reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0;
+  if (aligned) return v;
+  Tensor out = at::zeros({v.size(0), v.size(1), v.size(2), d_pad}, v.options());
+  out.narrow(3, 0, D).copy_(v);
+  return out;
+}
+
+std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor& v, const Tensor& q_scale,
+                                const Tensor& k_scale, const std::optional<Tensor>& v_scale,
+                                const std::optional<Tensor>& v_mean, const std::optional<Tensor>& lse_add,
+                                int64_t q_groups, int64_t k_groups, int64_t nq, int64_t nk, int64_t d_out,
+                                bool causal, int64_t accum, bool nhd, bool return_lse, double lse_add_scale,
+                                at::ScalarType out_dtype) {
+  const char* op = "attn";
+  TORCH_CHECK(q8.is_cuda() && q8.scalar_type() == at::kChar && k8.scalar_type() == at::kChar && q8.dim() == 4 &&
+                  k8.dim() == 4 && q8.is_contiguous() && k8.is_contiguous(),
+              kOps, "::", op, ": q8 and k8 must be contiguous 4-D int8 CUDA tensors");
+  const int64_t B = q8.size(0), Hq = q8.size(1), nq_pad = q8.size(2), Dp = q8.size(3);
+  const int64_t Hkv = k8.size(1), nk_pad = k8.size(2);
+  TORCH_CHECK(Dp == 64 || Dp == 128 || Dp == 256, kOps, "::", op, ": head dim must be padded to 64, 128 or 256, got ", Dp);
+  TORCH_CHECK(k8.size(0) == B && k8.size(3) == Dp && Hkv > 0 && Hq % Hkv == 0, kOps, "::", op, ": q8/k8 shapes ",
+              q8.sizes(), " and ", k8.sizes(), " do not match");
+  TORCH_CHECK(nq_pad % sage::kAttnBlockQ == 0 && nq <= nq_pad && nq > 0 && nk_pad % sage::kAttnBlockK == 0 &&
+                  nk <= nk_pad && nk > 0 && d_out > 0 && d_out <= Dp,
+              kOps, "::", op, ": bad sizes nq=", nq, " nk=", nk, " d_out=", d_out);
+  TORCH_CHECK((q_groups == 1 || q_groups == 8) && (k_groups == 1 || k_groups == 4), kOps, "::", op,
+              ": q_groups must be 1 or 8 and k_groups 1 or 4");
+  TORCH_CHECK(out_dtype == at::kHalf || out_dtype == at::kBFloat16, kOps, "::", op, ": out_dtype must be float16 or bfloat16");
+  check_f32(q_scale, op, "q_scale", {B, Hq, nq_pad / sage::kAttnWarpQ * q_groups});
+  check_f32(k_scale, op, "k_scale", {B, Hkv, nk_pad / sage::kAttnBlockK * k_groups});
+  c10::cuda::CUDAGuard guard(q8.device());
+
+  sage::AttnParams p{};
+  const bool fp8 = v.scalar_type() == at::kFloat8_e4m3fn;
+  Tensor vk = v;
+  if (fp8) {
+    TORCH_CHECK(v.is_contiguous() && v.sizes() == at::IntArrayRef({B, Hkv, Dp, nk_pad}), kOps, "::", op,
+                ": fp8 v must be contiguous [B, Hkv, D, nk_pad], got ", v.sizes());
+    TORCH_CHECK(v_scale.has_value(), kOps, "::", op, ": fp8 v needs v_scale");
+    check_f32(*v_scale, op, "v_scale", {B, Hkv, Dp});
+    p.v_scale = v_scale->data_ptr<float>();
+  } else {
+    check_input(v, op, "v");
+    TORCH_CHECK(v.size(0) == B && v.size(1) == Hkv && v.size(2) == nk, kOps, "::", op, ": v has shape ", v.sizes());
+    p.v_dtype = dtype_of(v, op, "v");
+    vk = prepare_v(v, Dp);
+  }
+  if (v_mean) {
+    check_f32(*v_mean, op, "v_mean", {B, Hkv, Dp});
+    p.v_mean = v_mean->data_ptr<float>();
+  }
+  Tensor o = nhd ? at::empty({B, nq, Hq, d_out}, q8.options().dtype(out_dtype))
+                 : at::empty({B, Hq, nq, d_out}, q8.options().dtype(out_dtype));
+  Tensor lse = at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0}, q8.options().dtype(at::kFloat));
+  p.q = q8.data_ptr<int8_t>(), p.k = k8.data_ptr<int8_t>(), p.v = vk.data_ptr();
+  p.v_stride_b = vk.stride(0), p.v_stride_h = vk.stride(1), p.v_stride_n = vk.stride(2);
+  p.q_scale = q_scale.data_ptr<float>(), p.k_scale = k_scale.data_ptr<float>();
+  p.q_groups = q_groups, p.k_groups = k_groups;
+  p.o = o.data_ptr();
+  p.o_dtype = out_dtype == at::kBFloat16 ? sage::DType::kBFloat16 : sage::DType::kHalf;
+  p.o_stride_b = o.stride(0);
+  p.o_stride_h = nhd ? o.stride(2) : o.stride(1);
+  p.o_stride_n = nhd ? o.stride(1) : o.stride(2);
+  p.d_out = d_out;
+  if (return_lse) {
+    p.lse = lse.data_ptr<float>();
+    if (lse_add) {
+      check_f32(*lse_add, op, "lse_add", {B, Hq, nq});
+      p.lse_add = lse_add->data_ptr<float>();
+      p.lse_add_scale = static_cast<float>(lse_add_scale);
+    }
+  }
+  p.batch = B, p.heads_q = Hq, p.heads_kv = Hkv, p.nq = nq, p.nk = nk, p.nq_pad = nq_pad, p.nk_pad = nk_pad;
+  p.causal = causal ? 1 : 0;
+  TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
+  p.accum = static_cast<sage::PVAccum>(accum);
+  cudaError_t err = cudaErrorInvalidValue;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+#if defined(SAGE_FP8)
+  if (fp8) err = sage::attn_fp8_pv(p, static_cast<int>(Dp), stream);
+#endif
+#if defined(SAGE_FP16_PV)
+  if (!fp8) err = sage::attn_fp16_pv(p, static_cast<int>(Dp), stream);
+#endif
+  TORCH_CHECK(err != cudaErrorInvalidValue, kOps, "::", op, ": no kernel built for v dtype ", v.scalar_type(),
+              ", output ", out_dtype, ", accum ", accum, " in this extension");
+  check_cuda(err, op);
+  return {o, lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(SAGE_OPS, m) {
+  m.def("quant_int8(Tensor x, Tensor? mean, Tensor? dot_mean, float prescale, int block_rows, int groups, "
+        "int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
+#if defined(SAGE_FP8)
+  m.def("quant_v_fp8(Tensor v, float scale_max, bool smooth, int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
+#endif
+  m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "
+        "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "
+        "bool return_lse, float lse_add_scale, ScalarType out_dtype) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
+  m.impl("quant_int8", &quant_int8);
+#if defined(SAGE_FP8)
+  m.impl("quant_v_fp8", &quant_v_fp8);
+#endif
+  m.impl("attn", &attn);
+}
+
+// The module object itself is empty: importing it registers the ops above.
+extern "C" PyObject* SAGE_CAT(PyInit_, SAGE_EXT)(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, SAGE_STR(SAGE_EXT), nullptr, -1, nullptr,
+                            nullptr, nullptr, nullptr, nullptr};
+  return PyModule_Create(&def);
+}

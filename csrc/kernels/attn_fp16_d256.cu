@@ -1,0 +1,6 @@
+// fp16/bf16-PV attention kernels for head dim 256 (one file per head dim: parallel builds).
+#include "attn.cuh"
+
+namespace sage {
+template cudaError_t attn_fp16_pv_d<256>(const AttnParams&, cudaStream_t);
+}

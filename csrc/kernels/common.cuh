@@ -1,0 +1,45 @@
+// Small device helpers shared by the quantization and attention kernels.
+#pragma once
+
+#include <cstdint>
+#include "launch.h"
+#include "ptx.cuh"
+
+namespace sage {
+
+constexpr float kAmaxEps = 1e-12f;  // an all-zero group still gets a finite scale
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Eight consecutive elements of a row as floats; columns >= d read as zero. `vec` says the
+// row pointer and d allow one 16-byte load per eight elements.
+template <typename T>
+__device__ __forceinline__ void load8(const T* row, int col0, int d, bool vec, float (&v)[8]) {
+  if (vec && col0 + 8 <= d) {
+    const uint4 u = *reinterpret_cast<const uint4*>(row + col0);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = to_float(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (col0 + i < d) ? to_float(row[col0 + i]) : 0.f;
+  }
+}
+
+// True when 16-byte loads of eight elements at any row start are aligned.
+template <typename T>
+__device__ __forceinline__ bool vec_ok(const void* base, int64_t sb, int64_t sh, int64_t sn, int d) {
+  constexpr int per16 = 16 / sizeof(T);
+  return (reinterpret_cast<uintptr_t>(base) % 16 == 0) && sb % per16 == 0 && sh % per16 == 0 &&
+         sn % per16 == 0 && d % per16 == 0;
+}
+
+__device__ __forceinline__ float warp_max_quad(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float warp_sum_quad(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace sage

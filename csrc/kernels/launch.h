@@ -1,0 +1,95 @@
+// Plain C++ interface of the kernels: parameter structs and launch functions.
+// Included by the torch binding layer; includes no torch header itself.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace sage {
+
+enum class DType : int { kHalf = 0, kBFloat16 = 1 };
+
+// INT8 quantization of Q or K ([B, H, N, D] with arbitrary strides, unit stride on D).
+// Rows are grouped in blocks of `block_rows`; each block has `groups` scales:
+//   groups == 1: one scale per block (per-warp Q, per-block K)
+//   groups == 8: row r of the block uses scale r % 8 (per-thread Q)
+//   groups == 4: row r uses scale (r % 8) / 2 (per-thread K)
+struct QuantInt8Params {
+  const void* x;
+  DType dtype;
+  int64_t stride_b, stride_h, stride_n;
+  int batch, heads, n, d;      // input sizes
+  int n_pad, d_pad;            // output sizes (multiples of block_rows / 16); padding is zero
+  int block_rows, groups;
+  float prescale;              // x is multiplied by this first (sm_scale*log2(e) for Q, 1 for K)
+  const float* mean;           // [B, H, d] fp32, subtracted (K smoothing), or null
+  const float* dot_mean;       // [B, heads_kv, d] fp32: also write rowdot = x . mean[h / (heads/heads_kv)]
+  int heads_kv;
+  int8_t* out;                 // [B, H, n_pad, d_pad]
+  float* scale;                // [B, H, n_pad / block_rows * groups]
+  float* rowdot;               // [B, H, n] or null
+};
+cudaError_t quant_int8(const QuantInt8Params& p, cudaStream_t stream);
+
+#if defined(SAGE_FP8)
+// FP8 e4m3 per-channel quantization of V ([B, H, N, D], unit stride on D) into the
+// transposed, token-permuted layout the FP8 PV MMA reads: out[B, H, d_pad, n_pad].
+struct QuantVFp8Params {
+  const void* v;
+  DType dtype;
+  int64_t stride_b, stride_h, stride_n;
+  int batch, heads, n, d;
+  int n_pad, d_pad;            // n_pad multiple of 64, d_pad multiple of 32
+  float scale_max;             // 448, or 2.25 for the fp16-accumulating PV
+  uint8_t* out;
+  float* scale;                // [B, H, d_pad]
+  float* mean;                 // [B, H, d_pad] when smoothing, else null
+};
+cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream);
+#endif
+
+// How P*V is accumulated.
+enum class PVAccum : int {
+  kFp32 = 0,      // straight into the fp32 accumulator
+  kFp16Fp32 = 1,  // fp16 per KV block (fp16 PV) then fp32
+  kFp32Fp32 = 2,  // fresh fp32 per KV block (fp8 PV) then fp32
+  kFp32Fp16 = 3,  // fp16 per KV block with the fp16-accumulating fp8 MMA, then fp32
+};
+
+struct AttnParams {
+  const int8_t* q;             // [B, Hq, nq_pad, D]
+  const int8_t* k;             // [B, Hkv, nk_pad, D]
+  const void* v;               // fp16/bf16: [B, Hkv, nk, D] strided; fp8: [B, Hkv, D, nk_pad]
+  DType v_dtype;               // fp16 PV only
+  int64_t v_stride_b, v_stride_h, v_stride_n;
+  const float* q_scale;        // [B, Hq, nq_pad / warp_q * q_groups]
+  const float* k_scale;        // [B, Hkv, nk_pad / 64 * k_groups]
+  int q_groups, k_groups;      // 1 or 8, 1 or 4
+  const float* v_scale;        // fp8: [B, Hkv, D]
+  const float* v_mean;         // [B, Hkv, D] (added to the output) or null
+  void* o;                     // output, fp16/bf16
+  DType o_dtype;
+  int64_t o_stride_b, o_stride_h, o_stride_n;
+  int d_out;                   // channels written (<= D)
+  float* lse;                  // [B, Hq, nq] natural log, or null
+  const float* lse_add;        // [B, Hq, nq] added to lse times lse_add_scale, or null
+  float lse_add_scale;
+  int batch, heads_q, heads_kv, nq, nk, nq_pad, nk_pad;
+  int causal;
+  PVAccum accum;
+};
+
+// Query rows per CTA, per warp (the per-warp/per-thread Q scale layout depends on it) and keys per block.
+constexpr int kAttnWarpQ = 16;
+constexpr int kAttnBlockQ = 128;
+constexpr int kAttnBlockK = 64;
+
+// head_dim is 64, 128 or 256. Returns cudaErrorInvalidValue for a combination not built.
+#if defined(SAGE_FP16_PV)
+cudaError_t attn_fp16_pv(const AttnParams& p, int head_dim, cudaStream_t stream);
+#endif
+#if defined(SAGE_FP8)
+cudaError_t attn_fp8_pv(const AttnParams& p, int head_dim, cudaStream_t stream);
+#endif
+
+}  // namespace sage

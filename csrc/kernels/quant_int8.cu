@@ -1,0 +1,108 @@
+// INT8 quantization of Q and K with per-warp or per-thread scale groups, the K mean
+// subtraction and the Q pre-scale fused in. One launch per tensor.
+#include "common.cuh"
+
+namespace sage {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxBlockRows = 64;
+
+__device__ __forceinline__ int group_of(int r, int groups) {
+  return groups == 1 ? 0 : (groups == 8 ? (r & 7) : ((r & 7) >> 1));
+}
+
+// Symmetric INT8, round half away from zero (as the reference), saturated to +-127.
+__device__ __forceinline__ int8_t to_int8(float x, float inv) {
+  const float v = __fmul_rn(x, inv);
+  const float r = fminf(floorf(__fadd_rn(fabsf(v), 0.5f)), 127.f);
+  return static_cast<int8_t>(static_cast<int>(copysignf(r, v)));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quant_int8_kernel(const QuantInt8Params p) {
+  __shared__ unsigned amax_bits[8];
+  __shared__ float inv_s[8];
+  __shared__ float rdot[kMaxBlockRows];
+  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int R = p.block_rows, G = p.groups, cpr = p.d_pad / 8, nchunks = R * cpr;
+  const T* x = static_cast<const T*>(p.x) + b * p.stride_b + h * p.stride_h;
+  const bool vec = vec_ok<T>(p.x, p.stride_b, p.stride_h, p.stride_n, p.d);
+  const float* mean = p.mean ? p.mean + (static_cast<int64_t>(b) * p.heads + h) * p.d : nullptr;
+  const float* dm = p.dot_mean
+                        ? p.dot_mean + (static_cast<int64_t>(b) * p.heads_kv + h / (p.heads / p.heads_kv)) * p.d
+                        : nullptr;
+  const bool scaled = p.prescale != 1.f;
+  if (tid < 8) amax_bits[tid] = 0u;
+  for (int r = tid; r < R; r += kThreads) rdot[r] = 0.f;
+  __syncthreads();
+
+  // pass 1: group maxima (and q . mean for the LSE correction)
+  for (int c = tid; c < nchunks; c += kThreads) {
+    const int r = c / cpr, col0 = (c % cpr) * 8, row = blk * R + r;
+    if (row >= p.n || col0 >= p.d) continue;
+    float v[8];
+    load8(x + row * p.stride_n, col0, p.d, vec, v);
+    float a = 0.f, dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (dm && col0 + i < p.d) dot = fmaf(v[i], dm[col0 + i], dot);
+      float y = scaled ? __fmul_rn(v[i], p.prescale) : v[i];
+      if (mean && col0 + i < p.d) y = __fsub_rn(y, mean[col0 + i]);
+      a = fmaxf(a, fabsf(y));
+    }
+    atomicMax(&amax_bits[group_of(r, G)], __float_as_uint(a));
+    if (dm) atomicAdd(&rdot[r], dot);
+  }
+  __syncthreads();
+  const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
+  if (tid < G) {
+    const float amax = fmaxf(__uint_as_float(amax_bits[tid]), kAmaxEps);
+    inv_s[tid] = __fdiv_rn(127.f, amax);
+    p.scale[(bh * (p.n_pad / R) + blk) * G + tid] = __fdiv_rn(amax, 127.f);
+  }
+  if (dm) {
+    for (int r = tid; r < R; r += kThreads) {
+      const int row = blk * R + r;
+      if (row < p.n) p.rowdot[bh * p.n + row] = rdot[r];
+    }
+  }
+  __syncthreads();
+
+  // pass 2: quantize (padding rows and columns become zeros)
+  int8_t* out = p.out + (bh * p.n_pad + static_cast<int64_t>(blk) * R) * p.d_pad;
+  for (int c = tid; c < nchunks; c += kThreads) {
+    const int r = c / cpr, col0 = (c % cpr) * 8, row = blk * R + r;
+    uint32_t w[2] = {0u, 0u};
+    if (row < p.n && col0 < p.d) {
+      float v[8];
+      load8(x + row * p.stride_n, col0, p.d, vec, v);
+      const float inv = inv_s[group_of(r, G)];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float y = scaled ? __fmul_rn(v[i], p.prescale) : v[i];
+        if (mean && col0 + i < p.d) y = __fsub_rn(y, mean[col0 + i]);
+        const uint32_t q = static_cast<uint8_t>(to_int8(y, inv));
+        w[i / 4] |= q << (8 * (i % 4));
+      }
+    }
+    *reinterpret_cast<uint2*>(out + static_cast<int64_t>(r) * p.d_pad + col0) = make_uint2(w[0], w[1]);
+  }
+}
+
+}  // namespace
+
+cudaError_t quant_int8(const QuantInt8Params& p, cudaStream_t stream) {
+  if (p.block_rows < 1 || p.block_rows > kMaxBlockRows || p.n_pad % p.block_rows != 0 || p.d_pad % 16 != 0 ||
+      !(p.groups == 1 || p.groups == 4 || p.groups == 8) || p.heads_kv < 1 || p.heads % p.heads_kv != 0)
+    return cudaErrorInvalidValue;
+  if (p.batch == 0 || p.heads == 0 || p.n_pad == 0) return cudaSuccess;
+  const dim3 grid(p.n_pad / p.block_rows, p.heads, p.batch);
+  if (p.dtype == DType::kHalf)
+    quant_int8_kernel<__half><<<grid, kThreads, 0, stream>>>(p);
+  else
+    quant_int8_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sage

@@ -1,0 +1,158 @@
+"""Which CUDA archs each extension is built for, and the nvcc flags for them.
+
+Shared by setup.py and the nvcc-only compile check (scripts/compile_check.py), so both
+build exactly the same translation units for the same archs. Needs no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = "csrc/kernels"
+
+# arch -> lowest nvcc (major, minor) that builds our code for it
+SUPPORTED: Dict[str, Tuple[int, int]] = {
+    "8.0": (11, 8),
+    "8.6": (11, 8),
+    "8.7": (11, 8),
+    "8.9": (11, 8),
+    "9.0": (12, 0),
+    "10.0": (12, 8),
+    "12.0": (12, 8),
+    "12.1": (12, 9),
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    version: str  # "8.9"
+    ptx: bool = False  # "+PTX": also embed PTX for this arch
+
+    @property
+    def sm(self) -> str:
+        return self.version.replace(".", "")
+
+    def __str__(self) -> str:
+        return self.version + ("+PTX" if self.ptx else "")
+
+
+@dataclass(frozen=True)
+class Family:
+    ext: str  # extension module name inside the package
+    ops: str  # torch op namespace
+    min_arch: Tuple[int, int]
+    min_nvcc: Tuple[int, int]  # the family's instructions need at least this nvcc
+    kernel_files: Tuple[str, ...]
+    defines: Tuple[str, ...]
+    why: str
+
+    def sources(self, with_binding: bool = True) -> List[str]:
+        files = [f"{KERNELS}/{f}" for f in self.kernel_files]
+        return (["csrc/binding/ops.cpp"] if with_binding else []) + files
+
+
+FAMILIES: Tuple[Family, ...] = (
+    Family(
+        ext="_qattn_sm80",
+        ops="sageattention_sm80",
+        min_arch=(8, 0),
+        min_nvcc=(11, 8),
+        kernel_files=("quant_int8.cu", "attn_dispatch.cu", "attn_fp16_d64.cu", "attn_fp16_d128.cu", "attn_fp16_d256.cu"),
+        defines=("SAGE_FP16_PV",),
+        why="INT8 QK^T and fp16/bf16 PV on mma.sync",
+    ),
+    Family(
+        ext="_qattn_sm89",
+        ops="sageattention_sm89",
+        min_arch=(8, 9),
+        min_nvcc=(12, 8),
+        kernel_files=("quant_int8.cu", "quant_fp8.cu", "attn_dispatch.cu", "attn_fp8_d64.cu", "attn_fp8_d128.cu", "attn_fp8_d256.cu"),
+        defines=("SAGE_FP8",),
+        why="the fp16-accumulating fp8 MMA (mma.sync ... f16.e4m3.e4m3.f16) is PTX ISA 8.7, nvcc 12.8",
+    ),
+)
+
+
+class ArchError(ValueError):
+    pass
+
+
+def parse(spec: str) -> List[Arch]:
+    """Parse a TORCH_CUDA_ARCH_LIST value ("8.0;8.6 9.0+PTX", "sm_90a", "89")."""
+    out: Dict[str, Arch] = {}
+    for item in re.split(r"[;,\s]+", spec.strip()):
+        if not item:
+            continue
+        ptx = item.upper().endswith("+PTX")
+        core = item[:-4] if ptx else item
+        core = re.sub(r"^(sm_|compute_)", "", core).rstrip("af")
+        if re.fullmatch(r"\d{2,3}", core):
+            core = f"{core[:-1]}.{core[-1]}"
+        if core not in SUPPORTED:
+            raise ArchError(
+                f"TORCH_CUDA_ARCH_LIST: arch {item!r} is not supported; supported: {', '.join(SUPPORTED)}"
+            )
+        prev = out.get(core)
+        out[core] = Arch(core, ptx or (prev.ptx if prev else False))
+    if not out:
+        raise ArchError("TORCH_CUDA_ARCH_LIST names no arch; e.g. TORCH_CUDA_ARCH_LIST='8.0;8.6;8.9;9.0;12.0'")
+    return sorted(out.values(), key=lambda a: tuple(int(x) for x in a.version.split(".")))
+
+
+def _key(version: str) -> Tuple[int, int]:
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def for_family(family: Family, archs: Sequence[Arch], nvcc: Tuple[int, int]) -> List[Arch]:
+    """The archs of ``archs`` that ``family`` is built for; raises if nvcc cannot build one."""
+    chosen = [a for a in archs if _key(a.version) >= family.min_arch]
+    for a in chosen:
+        need = max(SUPPORTED[a.version], family.min_nvcc)
+        if nvcc < need:
+            raise ArchError(
+                f"nvcc {nvcc[0]}.{nvcc[1]} cannot build {family.ext} for sm_{a.sm}: it needs nvcc "
+                f">= {need[0]}.{need[1]} ({family.why if need == family.min_nvcc else 'arch support'}). "
+                "Use a newer CUDA toolkit or drop the arch from TORCH_CUDA_ARCH_LIST"
+            )
+    return chosen
+
+
+def gencode_flags(archs: Sequence[Arch]) -> List[str]:
+    flags = []
+    for a in archs:
+        flags.append(f"-gencode=arch=compute_{a.sm},code=sm_{a.sm}")
+        if a.ptx:
+            flags.append(f"-gencode=arch=compute_{a.sm},code=compute_{a.sm}")
+    return flags
+
+
+def nvcc_version(cuda_home: Optional[str] = None) -> Tuple[int, int]:
+    nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else "nvcc"
+    try:
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ArchError(f"cannot run {nvcc} --version: {exc}") from exc
+    m = re.search(r"release (\d+)\.(\d+)", text)
+    if not m:
+        raise ArchError(f"cannot read the nvcc version from: {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def local_archs() -> str:
+    """The archs of this machine's GPUs, for a build without TORCH_CUDA_ARCH_LIST."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ArchError(
+            "no GPU here and TORCH_CUDA_ARCH_LIST is not set: set it to the archs to build, e.g. "
+            "TORCH_CUDA_ARCH_LIST='8.0;8.6;8.9;9.0;12.0', or set SAGEATTN_SKIP_CUDA_BUILD=1 for the "
+            "Triton-only package"
+        )
+    caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    return ";".join(f"{a}.{b}" for a, b in sorted(caps))

@@ -1,0 +1,80 @@
+"""Build logic without a GPU or torch's CUDA: arch parsing, per-extension arch lists,
+nvcc refusals, gencode flags (scripts/cuda_archs.py, used by setup.py and the compile check)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import cuda_archs as ca  # noqa: E402
+import compile_check  # noqa: E402
+
+
+def test_parse_accepts_torch_spellings():
+    archs = ca.parse("8.0;8.6 sm_90a,89+PTX;12.0")
+    assert [str(a) for a in archs] == ["8.0", "8.6", "8.9+PTX", "9.0", "12.0"]
+
+
+@pytest.mark.parametrize("bad", ["7.5", "sm_70", "banana", "11.0"])
+def test_parse_refuses_unsupported_archs(bad):
+    with pytest.raises(ca.ArchError, match="not supported"):
+        ca.parse(bad)
+
+
+def test_parse_refuses_empty():
+    with pytest.raises(ca.ArchError, match="names no arch"):
+        ca.parse(" ; ")
+
+
+def test_each_extension_gets_only_its_archs():
+    archs = ca.parse("8.0;8.6;8.9;9.0;12.0")
+    fams = {f.ext: f for f in ca.FAMILIES}
+    assert [a.version for a in ca.for_family(fams["_qattn_sm80"], archs, (13, 0))] == ["8.0", "8.6", "8.9", "9.0", "12.0"]
+    assert [a.version for a in ca.for_family(fams["_qattn_sm89"], archs, (13, 0))] == ["8.9", "9.0", "12.0"]
+    assert ca.for_family(fams["_qattn_sm89"], ca.parse("8.0;8.6"), (13, 0)) == []
+
+
+def test_old_nvcc_is_a_build_error_not_a_runtime_trap():
+    fp8 = next(f for f in ca.FAMILIES if f.ext == "_qattn_sm89")
+    with pytest.raises(ca.ArchError, match=r"nvcc 12.6 cannot build _qattn_sm89 for sm_89.*12.8"):
+        ca.for_family(fp8, ca.parse("8.9"), (12, 6))
+    fp16 = next(f for f in ca.FAMILIES if f.ext == "_qattn_sm80")
+    with pytest.raises(ca.ArchError, match="sm_120"):
+        ca.for_family(fp16, ca.parse("12.0"), (12, 6))
+    assert ca.for_family(fp16, ca.parse("8.0;9.0"), (12, 6))
+
+
+def test_gencode_flags_honour_ptx():
+    flags = ca.gencode_flags(ca.parse("8.0;9.0+PTX"))
+    assert flags == ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+                     "-gencode=arch=compute_90,code=compute_90"]
+
+
+def test_sources_exist_and_kernels_include_no_torch():
+    root = ca.ROOT
+    for fam in ca.FAMILIES:
+        for src in fam.sources():
+            assert os.path.exists(os.path.join(root, src)), src
+    kdir = os.path.join(root, ca.KERNELS)
+    for name in os.listdir(kdir):
+        text = open(os.path.join(kdir, name)).read()
+        assert "#include <torch" not in text and "#include <ATen" not in text and "#include <c10" not in text, name
+
+
+def test_compile_check_covers_every_kernel_file_and_arch():
+    archs = ca.parse(compile_check.ALL_ARCHS)
+    jobs = compile_check.jobs_for(archs, (13, 0))
+    kernel_files = {f for f in os.listdir(os.path.join(ca.ROOT, ca.KERNELS)) if f.endswith(".cu")}
+    assert {os.path.basename(s) for _, s, _ in jobs} == kernel_files
+    for fam in ca.FAMILIES:
+        want = {(s, a.version) for a in ca.for_family(fam, archs, (13, 0)) for s in fam.sources(with_binding=False)}
+        got = {(s, a.version) for f, s, a in jobs if f is fam}
+        assert got == want
+
+
+def test_ptxas_summary_parsing():
+    log = ("ptxas info    : Compiling entry function '_Zk1' for 'sm_90'\n"
+           "    16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers\n")
+    assert compile_check.summarize(log) == [("_Zk1", 255, 12)]

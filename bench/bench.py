@@ -49,12 +49,17 @@ def backends(selected=None):
         "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c),
         "triton": lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=c),
     }
-    for name, fn in (
-        ("cuda_fp16", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c)),
-        ("cuda_fp8", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c)),
-        ("cuda_sm90", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)),
+    avail = sa.available_backends()
+    for name, base, fn in (
+        ("cuda_fp16", "cuda_fp16", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c)),
+        ("cuda_fp16_acc16", "cuda_fp16",
+         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp16+fp32")),
+        ("cuda_fp8", "cuda_fp8", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c)),
+        ("cuda_fp8_acc32", "cuda_fp8",
+         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp32+fp32")),
+        ("cuda_sm90", "cuda_sm90", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)),
     ):
-        if name in sa.available_backends():
+        if base in avail:
             table[name] = fn
     if selected:
         table = {k: v for k, v in table.items() if k in selected}

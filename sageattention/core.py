@@ -142,7 +142,7 @@ def sageattn_qk_int8_pv_fp16_triton(
 
 def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
                 pv_accum_dtype, pv_choices, smooth_k, smooth_v, return_lse, kwargs, smooth_v_modes):
-    """Validation shared by the CUDA kernel functions (their kernels come with a later build)."""
+    """Validation shared by the CUDA kernel functions, then the compiled pipeline (_cuda.py)."""
     C.check_choice(fn, "qk_quant_gran", qk_quant_gran, _GRANS)
     if pv_accum_dtype == "fp16" and "fp16" not in pv_choices:
         raise ValueError(
@@ -155,9 +155,14 @@ def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm
     if smooth_v and pv_accum_dtype not in smooth_v_modes:
         modes = " or ".join(repr(m) for m in smooth_v_modes) or "no mode of this function"
         raise ValueError(f"{fn}: smooth_v=True works with pv_accum_dtype {modes}, got {pv_accum_dtype!r}")
-    _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    dims, scale, _ = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     require(fn, module)
-    raise NotImplementedError(f"{fn}: the compiled kernel loaded but has no Python binding yet")
+    if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
+        return _empty_result(q, dims, return_lse)
+    from . import _cuda
+
+    return _cuda.forward(fn, module, q, k, v, tensor_layout, is_causal, scale, qk_quant_gran,
+                         pv_accum_dtype, smooth_k, smooth_v, return_lse)
 
 
 def sageattn_qk_int8_pv_fp16_cuda(

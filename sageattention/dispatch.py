@@ -46,17 +46,20 @@ class Choice:
     options: Dict[str, str] = field(default_factory=dict)
 
 
+_FP16 = Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"})
 _FP8_SM89 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"})
 _FP8_SM120 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"})
 _TRITON = Choice("triton")
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
-#: get :data:`DEFAULT_PREFERENCE`.
+#: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
+#: sm90 runs the mma.sync fp16-PV kernel until the wgmma kernel (cuda_sm90) exists.
 PREFERENCE: Dict[Tuple[int, int], Tuple[Choice, ...]] = {
-    (8, 0): (Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"}), _TRITON),
-    (8, 6): (_TRITON,),
+    (8, 0): (_FP16, _TRITON),
+    (8, 6): (_FP16, _TRITON),
+    (8, 7): (_FP16, _TRITON),
     (8, 9): (_FP8_SM89, _TRITON),
-    (9, 0): (Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"}), _FP8_SM89, _TRITON),
+    (9, 0): (_FP16, _TRITON),
     (12, 0): (_FP8_SM120, _TRITON),
     (12, 1): (_FP8_SM120, _TRITON),
 }

@@ -15,13 +15,14 @@ ALL = list(BACKENDS)
 
 @pytest.mark.parametrize("cap,expected,options", [
     ((8, 0), "cuda_fp16", {"pv_accum_dtype": "fp32"}),
-    ((8, 6), "triton", {}),
+    ((8, 6), "cuda_fp16", {"pv_accum_dtype": "fp32"}),
     ((8, 9), "cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"}),
-    ((9, 0), "cuda_sm90", {"pv_accum_dtype": "fp32+fp32"}),
+    ((9, 0), "cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"}),
     ((12, 0), "cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"}),
     ((12, 1), "cuda_fp8", {"qk_quant_gran": "per_warp"}),
     ((10, 0), "triton", {}),
-    ((8, 7), "triton", {}),
+    ((8, 7), "cuda_fp16", {}),
+    ((11, 0), "triton", {}),
 ])
 def test_best_backend_when_everything_is_built(cap, expected, options):
     choice, skipped = select(cap, ALL)
@@ -37,9 +38,10 @@ def test_falls_back_to_triton_without_compiled_kernels(cap):
     assert skipped == (None if PREFERENCE[cap][0].backend == "triton" else PREFERENCE[cap][0].backend)
 
 
-def test_sm90_without_hopper_kernel_uses_fp8_kernel():
-    choice, skipped = select((9, 0), ["cuda_fp8", "triton"])
-    assert choice.backend == "cuda_fp8" and skipped == "cuda_sm90"
+def test_sm90_uses_the_mma_sync_fp16_kernel_until_the_hopper_kernel_exists():
+    choice, skipped = select((9, 0), ["cuda_fp16", "cuda_fp8", "triton"])
+    assert choice.backend == "cuda_fp16" and skipped is None
+    assert all(c.backend != "cuda_sm90" for c in PREFERENCE[(9, 0)])
 
 
 @pytest.mark.parametrize("cap,name", [((7, 5), "Tesla T4"), ((7, 0), "Tesla V100"), ((6, 1), "GTX 1080")])
@@ -97,14 +99,14 @@ def test_fallback_warns_once(monkeypatch):
         for _ in range(3):
             assert dispatch.choose(torch.device("cpu")).backend == "triton"
     msgs = [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning)]
-    assert len(msgs) == 1 and "cuda_sm90" in msgs[0] and "sm90" in msgs[0] and "triton" in msgs[0]
+    assert len(msgs) == 1 and "cuda_fp16" in msgs[0] and "sm90" in msgs[0] and "triton" in msgs[0]
 
 
 def test_no_warning_when_preferred_backend_is_present(monkeypatch):
-    _fake_gpu(monkeypatch, (8, 6), {"triton"})
+    _fake_gpu(monkeypatch, (8, 6), {"cuda_fp16", "triton"})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert dispatch.choose(torch.device("cpu")).backend == "triton"
+        assert dispatch.choose(torch.device("cpu")).backend == "cuda_fp16"
 
 
 def test_sageattn_on_old_gpu_names_it(monkeypatch):

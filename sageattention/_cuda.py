@@ -1,0 +1,126 @@
+"""The compiled mma.sync kernels: quantize Q, K (and V for fp8 PV), then attend.
+
+Each step is a torch custom op registered by the extension (``torch.ops.<ns>.quant_int8``,
+``quant_v_fp8``, ``attn``); their fake implementations are registered here, so
+``torch.compile(sageattn, fullgraph=True)`` traces the whole pipeline without a graph break.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from ._ops import require
+
+LOG2E = 1.4426950408889634
+BLOCK_Q, WARP_Q, BLOCK_K = 128, 16, 64  # csrc/kernels/launch.h
+FP8_MAX = 448.0
+# fp32+fp16: 448 (|P|) * 2.25 (|V|) * 64 (keys per block) = 64512 < 65504, the fp16 maximum
+V_MAX_FP16_ACCUM = 2.25
+ACCUM = {"fp32": 0, "fp16+fp32": 1, "fp32+fp32": 2, "fp32+fp16": 3}
+
+FAMILIES = {  # extension module -> op namespace
+    "sageattention._qattn_sm80": "sageattention_sm80",
+    "sageattention._qattn_sm89": "sageattention_sm89",
+}
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def padded_head_dim(d: int) -> int:
+    return 64 if d <= 64 else 128 if d <= 128 else 256
+
+
+@functools.lru_cache(maxsize=None)
+def ops(module: str):
+    """The op namespace of ``module``, loading it (and registering fake impls) once."""
+    importlib.import_module(module)
+    ns = FAMILIES[module]
+    _register_fakes(ns)
+    return getattr(torch.ops, ns)
+
+
+def _register_fakes(ns: str) -> None:
+    def quant_int8(x, mean, dot_mean, prescale, block_rows, groups, n_pad, d_pad):
+        b, h, n, _ = x.shape
+        out = x.new_empty((b, h, n_pad, d_pad), dtype=torch.int8)
+        scale = x.new_empty((b, h, n_pad // block_rows * groups), dtype=torch.float32)
+        rowdot = x.new_empty((b, h, n) if dot_mean is not None else (0, 0, 0), dtype=torch.float32)
+        return out, scale, rowdot
+
+    torch.library.register_fake(f"{ns}::quant_int8", quant_int8)
+
+    if hasattr(getattr(torch.ops, ns), "quant_v_fp8"):
+
+        def quant_v_fp8(v, scale_max, smooth, n_pad, d_pad):
+            b, h = v.shape[:2]
+            out = v.new_empty((b, h, d_pad, n_pad), dtype=torch.float8_e4m3fn)
+            scale = v.new_empty((b, h, d_pad), dtype=torch.float32)
+            mean = v.new_empty((b, h, d_pad) if smooth else (0, 0, 0), dtype=torch.float32)
+            return out, scale, mean
+
+        torch.library.register_fake(f"{ns}::quant_v_fp8", quant_v_fp8)
+
+    def attn(q8, k8, v, q_scale, k_scale, v_scale, v_mean, lse_add, q_groups, k_groups, nq, nk, d_out,
+             causal, accum, nhd, return_lse, lse_add_scale, out_dtype):
+        b, hq = q8.shape[:2]
+        shape = (b, nq, hq, d_out) if nhd else (b, hq, nq, d_out)
+        o = q8.new_empty(shape, dtype=out_dtype)
+        lse = q8.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
+        return o, lse
+
+    torch.library.register_fake(f"{ns}::attn", attn)
+
+
+def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,
+            qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool):
+    """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``."""
+    require(fn, module)
+    op = ops(module)
+    nhd = tensor_layout == "NHD"
+    qh, kh, vh = (t.transpose(1, 2) if nhd else t for t in (q, k, v))
+    nq, nk, d = qh.shape[2], kh.shape[2], qh.shape[3]
+    dp = padded_head_dim(d)
+    nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, BLOCK_K)
+    per_thread = qk_quant_gran == "per_thread"
+    q_groups, k_groups = (8, 4) if per_thread else (1, 1)
+
+    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups, nq_pad, dp)
+    k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
+    v_scale = v_mean = None
+    if module.endswith("sm89"):
+        vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
+        v_op, v_scale, v_mean = op.quant_v_fp8(vh, vmax, smooth_v, nk_pad, dp)
+        if not smooth_v:
+            v_mean = None
+    else:
+        # fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype
+        v_op = vh.to(torch.float16) if pv_accum_dtype == "fp16+fp32" else vh
+    o, lse = op.attn(q8, k8, v_op, qs, ks, v_scale, v_mean, qdot if (return_lse and smooth_k) else None,
+                     q_groups, k_groups, nq, nk, d, is_causal, ACCUM[pv_accum_dtype], nhd, return_lse,
+                     sm_scale, q.dtype)
+    return (o, lse) if return_lse else o
+
+
+def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype: torch.dtype,
+                     smooth_k: bool = True, smooth_v: bool = False):
+    """The :class:`~sageattention.reference.QuantConfig` of what these kernels compute."""
+    from .reference import FP8_E4M3_MAX, QuantConfig
+
+    fp8 = module.endswith("sm89")
+    if fp8:
+        pv = "fp8"
+    elif pv_accum_dtype == "fp16+fp32":
+        pv = "fp16"
+    else:
+        pv = "bf16" if dtype == torch.bfloat16 else "fp16"
+    return QuantConfig(
+        qk_gran=qk_quant_gran, blk_q=BLOCK_Q, warp_q=WARP_Q, blk_k=BLOCK_K, warp_k=BLOCK_K, block_n=BLOCK_K,
+        pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
+        v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
+    )

@@ -35,13 +35,19 @@ def padded_head_dim(d: int) -> int:
     return 64 if d <= 64 else 128 if d <= 128 else 256
 
 
+@torch.compiler.assume_constant_result
 @functools.lru_cache(maxsize=None)
-def ops(module: str):
-    """The op namespace of ``module``, loading it (and registering fake impls) once."""
+def load(module: str) -> bool:
+    """Import ``module`` (registering its ops) and the ops' fake implementations, once."""
     importlib.import_module(module)
-    ns = FAMILIES[module]
-    _register_fakes(ns)
-    return getattr(torch.ops, ns)
+    _register_fakes(FAMILIES[module])
+    return True
+
+
+def ops(module: str):
+    """The op namespace of ``module``."""
+    load(module)
+    return getattr(torch.ops, FAMILIES[module])
 
 
 def _register_fakes(ns: str) -> None:

@@ -11,7 +11,10 @@ import importlib
 import importlib.util
 from typing import Tuple
 
+import torch
 
+
+@torch.compiler.assume_constant_result
 @functools.lru_cache(maxsize=None)
 def status(module: str) -> Tuple[bool, str]:
     """``(True, "")`` if ``module`` imports, else ``(False, reason)``."""
@@ -24,8 +27,6 @@ def status(module: str) -> Tuple[bool, str]:
     try:
         importlib.import_module(module)
     except (ImportError, OSError) as exc:
-        import torch
-
         return False, (
             f"{module} is present but failed to load: {exc}. It was probably built for another "
             f"torch than the installed {torch.__version__}; reinstall the wheel that matches it"

@@ -8,7 +8,7 @@ gets the same message whichever entry point it comes through.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -55,15 +55,33 @@ def _hnd(t: torch.Tensor, tensor_layout: str) -> torch.Tensor:
 def _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse):
     if dims.batch == 0 or dims.len_q == 0:
         return _empty_result(q, dims, return_lse)
+    o, lse = _triton_attn(q, k, v, tensor_layout == "NHD", is_causal, float(scale), smooth_k, return_lse)
+    return (o, lse) if return_lse else o
+
+
+@torch.library.custom_op("sageattention::triton_attn", mutates_args=())
+def _triton_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nhd: bool, is_causal: bool, sm_scale: float,
+                 smooth_k: bool, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The Triton pipeline as one custom op, so torch.compile traces sageattn without a break."""
     from . import triton as st  # imported on first use: the package imports without triton
 
+    layout = "NHD" if nhd else "HND"
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():
         lse = st.forward(
-            _hnd(q, tensor_layout), _hnd(k, tensor_layout), _hnd(v, tensor_layout), _hnd(o, tensor_layout),
-            is_causal=is_causal, sm_scale=scale, smooth_k=smooth_k, return_lse=return_lse,
+            _hnd(q, layout), _hnd(k, layout), _hnd(v, layout), _hnd(o, layout),
+            is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse,
         )
-    return (o, lse) if return_lse else o
+    if lse is None:
+        lse = q.new_empty((0, 0, 0), dtype=torch.float32)
+    return o, lse
+
+
+@_triton_attn.register_fake
+def _(q, k, v, nhd, is_causal, sm_scale, smooth_k, return_lse):
+    b, hq, nq = (q.shape[0], q.shape[2], q.shape[1]) if nhd else q.shape[:3]
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
 
 class _nullctx:
@@ -102,12 +120,12 @@ def sageattn(
     fn = "sageattn"
     dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     C.refuse_mask(fn, kw.attn_mask)
-    choice = dispatch.choose(q.device)
-    if choice.backend == "triton":
+    backend, options = dispatch.chosen(q.device)
+    if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
-    func = globals()[dispatch.BACKENDS[choice.backend].function]
+    func = _CUDA_FUNCTIONS[backend]
     return func(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=scale,
-                return_lse=return_lse, **choice.options)
+                return_lse=return_lse, **dict(options))
 
 
 def sageattn_qk_int8_pv_fp16_triton(
@@ -279,3 +297,10 @@ def sageattn_varlen(
                 is_causal=is_causal, sm_scale=scale, smooth_k=smooth_k, return_lse=return_lse,
             )
     return (o, lse) if return_lse else o
+
+
+_CUDA_FUNCTIONS = {
+    "cuda_fp16": sageattn_qk_int8_pv_fp16_cuda,
+    "cuda_fp8": sageattn_qk_int8_pv_fp8_cuda,
+    "cuda_sm90": sageattn_qk_int8_pv_fp8_cuda_sm90,
+}

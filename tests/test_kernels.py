@@ -209,3 +209,15 @@ def test_fp16_block_accumulation_option(device):
     ref = attention_quantized(q, k, v, "HND", False, 0.125, False, cfg.reference(torch.float16))
     assert cfg.reference(torch.float16).pv_accum == "fp16+fp32"
     assert_close_to_reference(o, ref, torch.float16)
+
+
+def test_torch_compile_fullgraph_traces_sageattn_on_the_interpreter():
+    """The Triton pipeline is one custom op with a fake implementation: dynamo traces
+    sageattn whole (aot_eager: no code generation) and the result equals eager."""
+    import torch._dynamo
+
+    q, k, v = make_qkv(1, 2, 1, 70, 70, 32, torch.float16, "HND", "cpu", k_bias=1.0)
+    eager = sa.sageattn(q, k, v, is_causal=True, return_lse=True)
+    torch._dynamo.reset()
+    got = torch.compile(sa.sageattn, fullgraph=True, backend="aot_eager")(q, k, v, is_causal=True, return_lse=True)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call: build the CUDA extensions in place, run the GPU tests, the sanitizers
 # and the benchmark; logs under $OUT (default ./device-out). Steps are chosen with
-# STEPS="build cuda gpu sanitize bench" (default: all). Used through the `device` tool:
+# STEPS="build cuda gpu bench sanitize" (default: all). Used through the `device` tool:
 #   bash bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"build cuda gpu sanitize bench"}
+STEPS=${STEPS:-"build cuda gpu bench sanitize"}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} NVCC_THREADS=${NVCC_THREADS:-2}
 export SAGEATTN_COMMIT=${SAGEATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -34,22 +34,22 @@ if has gpu; then
   python -m pytest -q tests -n 12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/test_all.log" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)" "$OUT/test_all.log" | head -30; tail -3 "$OUT/test_all.log"
 fi
-if has sanitize; then
-  stamp sanitizers
-  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  "$CS" --tool memcheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/memcheck.log" 2>&1 &
-  p1=$!
-  "$CS" --tool racecheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/racecheck.log" 2>&1 &
-  p2=$!
-  wait $p1; r1=$?; wait $p2; r2=$?
-  echo "memcheck exit $r1, racecheck exit $r2"; tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log"
-  [[ $r1 == 0 && $r2 == 0 ]] || status=1
-fi
 if has bench; then
   stamp bench
   python bench/bench.py ${BENCH_ARGS:---quick --backends sdpa_flash sdpa_cudnn triton cuda_fp16 cuda_fp16_acc16 cuda_fp8 cuda_fp8_acc32} \
     --out "$OUT/results" >"$OUT/bench.log" 2>&1 || status=1
   tail -30 "$OUT/bench.log"
+fi
+if has sanitize; then
+  stamp sanitizers
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout ${SAN_TIMEOUT:-300} "$CS" --tool memcheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/memcheck.log" 2>&1 &
+  p1=$!
+  timeout ${SAN_TIMEOUT:-300} "$CS" --tool racecheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/racecheck.log" 2>&1 &
+  p2=$!
+  wait $p1; r1=$?; wait $p2; r2=$?
+  echo "memcheck exit $r1, racecheck exit $r2"; tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log"
+  [[ $r1 == 0 && $r2 == 0 ]] || status=1
 fi
 stamp "done, status $status"
 exit $status

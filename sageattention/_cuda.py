@@ -36,9 +36,14 @@ def padded_head_dim(d: int) -> int:
 
 
 @torch.compiler.assume_constant_result
-@functools.lru_cache(maxsize=None)
 def load(module: str) -> bool:
-    """Import ``module`` (registering its ops) and the ops' fake implementations, once."""
+    """Import ``module`` (registering its ops) and the ops' fake implementations, once; a
+    constant for torch.compile."""
+    return _load(module)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(module: str) -> bool:
     importlib.import_module(module)
     _register_fakes(FAMILIES[module])
     return True

@@ -15,9 +15,14 @@ import torch
 
 
 @torch.compiler.assume_constant_result
-@functools.lru_cache(maxsize=None)
 def status(module: str) -> Tuple[bool, str]:
-    """``(True, "")`` if ``module`` imports, else ``(False, reason)``."""
+    """``(True, "")`` if ``module`` imports, else ``(False, reason)``. A constant for
+    torch.compile (dynamo cannot trace the import machinery behind it)."""
+    return _status(module)
+
+
+@functools.lru_cache(maxsize=None)
+def _status(module: str) -> Tuple[bool, str]:
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):

@@ -75,20 +75,23 @@ def sdpa_fp32(q, k, v, layout, is_causal=False, scale=None):
     return o if layout == "HND" else o.transpose(1, 2)
 
 
-def tol_vs_reference(dtype):
+def tol_vs_reference(dtype, fp8=False):
     """(min cos, max rel-L1) of a kernel against the reference of the same quantized math.
 
     They differ only by fp32 evaluation order, exp2 approximations and, rarely, an INT8
     value rounded the other way at a tie; the interpreter also rounds bf16 toward zero.
+    With fp8 P (3 mantissa bits) an exp2 that differs in the last bit can move a P value
+    to the next e4m3 step (1/16 of it): seen on an H100 as cos 0.99999 on a causal row that
+    sees a few keys, so fp8 PV gets the bf16 bounds whatever the input dtype.
     """
-    if dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 or fp8:
         return (0.99995, 8e-3) if INTERPRETER else (0.99998, 4e-3)
     return (0.999995, 1.5e-3)
 
 
-def assert_close_to_reference(out, ref, dtype, what=""):
+def assert_close_to_reference(out, ref, dtype, what="", fp8=False):
     m = error_metrics(out, ref)
-    cos, l1 = tol_vs_reference(dtype)
+    cos, l1 = tol_vs_reference(dtype, fp8)
     assert m["finite"], f"{what}: non-finite output"
     assert m["cos"] >= cos and m["rel_l1"] <= l1, f"{what}: vs reference {m} (need cos>={cos}, rel_l1<={l1})"
     return m

@@ -43,7 +43,7 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
     o, lse = fn(q, k, v, **kw)
     cfg = _cuda.reference_config(ext, gran, accum, dtype, smooth_v=smooth_v)
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
-    assert_close_to_reference(o, ro, dtype, f"{backend} {accum} {gran}")
+    assert_close_to_reference(o, ro, dtype, f"{backend} {accum} {gran}", fp8=backend == FP8)
     assert_lse_close_to_reference(lse, rl)
     assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), backend, **(FP8_BARS if backend == FP8 else {}))
 
@@ -66,7 +66,8 @@ def test_misaligned_and_strided_inputs(backend):
     q, k, v = base[..., 1:73], base[..., 73:145], base[..., 2:74]  # D=72, odd offsets
     o = fn(q, k, v)
     cfg = _cuda.reference_config(ext, "per_thread", _cuda_default(backend), torch.bfloat16)
-    assert_close_to_reference(o, attention_quantized(q, k, v, "HND", False, None, False, cfg), torch.bfloat16)
+    assert_close_to_reference(o, attention_quantized(q, k, v, "HND", False, None, False, cfg), torch.bfloat16,
+                              fp8=backend == FP8)
 
 
 def _cuda_default(backend):
@@ -115,8 +116,9 @@ def test_opcheck(backend):
         v, vs, vm, accum = x, None, None, 0
     # opcheck's schema test multiplies the inputs, which torch does not implement for fp8
     utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    kw = {"test_utils": utils} if backend == FP8 else {}
     torch.library.opcheck(op.attn, (q8, k8, v, qs, ks, vs, vm, qdot, 8, 4, 100, 100, 64, True, accum, False, True,
-                                    0.125, torch.float16), test_utils=utils if backend == FP8 else None)
+                                    0.125, torch.float16), **kw)
 
 
 def test_bf16_v_beyond_fp16_range_stays_finite():

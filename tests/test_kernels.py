@@ -211,13 +211,14 @@ def test_fp16_block_accumulation_option(device):
     assert_close_to_reference(o, ref, torch.float16)
 
 
-def test_torch_compile_fullgraph_traces_sageattn_on_the_interpreter():
+def test_torch_compile_fullgraph_traces_the_triton_path(device):
     """The Triton pipeline is one custom op with a fake implementation: dynamo traces
     sageattn whole (aot_eager: no code generation) and the result equals eager."""
     import torch._dynamo
 
-    q, k, v = make_qkv(1, 2, 1, 70, 70, 32, torch.float16, "HND", "cpu", k_bias=1.0)
-    eager = sa.sageattn(q, k, v, is_causal=True, return_lse=True)
+    q, k, v = make_qkv(1, 2, 1, 70, 70, 32, torch.float16, "HND", device, k_bias=1.0)
+    fn = sa.sageattn_qk_int8_pv_fp16_triton
+    eager = fn(q, k, v, is_causal=True, return_lse=True)
     torch._dynamo.reset()
-    got = torch.compile(sa.sageattn, fullgraph=True, backend="aot_eager")(q, k, v, is_causal=True, return_lse=True)
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, is_causal=True, return_lse=True)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])

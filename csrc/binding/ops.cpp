@@ -43,6 +43,17 @@ void check_input(const Tensor& t, const char* op, const char* arg) {
   TORCH_CHECK(t.size(3) == 1 || t.stride(3) == 1, kOps, "::", op, ": ", arg, " needs unit stride on the last dim");
 }
 
+// The kernels' view of a [B, H, N, D] input.
+sage::Input4D input_of(const Tensor& t, const char* op, const char* arg) {
+  check_input(t, op, arg);
+  sage::Input4D in{};
+  in.data = t.data_ptr();
+  in.dtype = dtype_of(t, op, arg);
+  in.stride_b = t.stride(0), in.stride_h = t.stride(1), in.stride_n = t.stride(2);
+  in.batch = t.size(0), in.heads = t.size(1), in.n = t.size(2), in.d = t.size(3);
+  return in;
+}
+
 void check_f32(const Tensor& t, const char* op, const char* arg, std::initializer_list<int64_t> shape) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), kOps, "::", op, ": ", arg,
               " must be a contiguous float32 tensor");
@@ -65,10 +76,8 @@ std::tuple<Tensor, Tensor, Tensor> quant_int8(const Tensor& x, const std::option
   Tensor scale = at::empty({B, H, n_pad / block_rows * groups}, f32);
   Tensor rowdot = at::empty({dot_mean ? B : 0, dot_mean ? H : 0, dot_mean ? N : 0}, f32);
   sage::QuantInt8Params p{};
-  p.x = x.data_ptr();
-  p.dtype = dtype_of(x, op, "x");
-  p.stride_b = x.stride(0), p.stride_h = x.stride(1), p.stride_n = x.stride(2);
-  p.batch = B, p.heads = H, p.n = N, p.d = D, p.n_pad = n_pad, p.d_pad = d_pad;
+  p.in = input_of(x, op, "x");
+  p.n_pad = n_pad, p.d_pad = d_pad;
   p.block_rows = block_rows, p.groups = groups, p.prescale = static_cast<float>(prescale);
   p.heads_kv = H;
   if (mean) {
@@ -103,10 +112,8 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
   Tensor scale = at::empty({B, H, d_pad}, f32);
   Tensor mean = at::empty({smooth ? B : 0, smooth ? H : 0, smooth ? d_pad : 0}, f32);
   sage::QuantVFp8Params p{};
-  p.v = v.data_ptr();
-  p.dtype = dtype_of(v, op, "v");
-  p.stride_b = v.stride(0), p.stride_h = v.stride(1), p.stride_n = v.stride(2);
-  p.batch = B, p.heads = H, p.n = N, p.d = D, p.n_pad = n_pad, p.d_pad = d_pad;
+  p.in = input_of(v, op, "v");
+  p.n_pad = n_pad, p.d_pad = d_pad;
   p.scale_max = static_cast<float>(scale_max);
   p.out = reinterpret_cast<uint8_t*>(out.data_ptr());
   p.scale = scale.data_ptr<float>();

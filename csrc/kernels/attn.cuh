@@ -35,6 +35,14 @@ struct AttnShape {
   static constexpr int kSmem = 2 * kBufBytes;
 };
 
+// Two-level accumulation: add a per-block fp16 accumulator fragment (rows g and g+8, two
+// columns each) into the fp32 one.
+__device__ __forceinline__ void add_f16_block(float (&acc)[4], const uint32_t (&blk)[2]) {
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&blk[0]));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&blk[1]));
+  acc[0] += lo.x, acc[1] += lo.y, acc[2] += hi.x, acc[3] += hi.y;
+}
+
 template <int D, int MT, int PVK, int ACC, typename OutT>
 __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
     attn_kernel(const AttnParams p) {
@@ -220,9 +228,7 @@ __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
               uint32_t blk[2] = {0u, 0u};
 #pragma unroll
               for (int s = 0; s < BK / 16; ++s) mma_f16_f16(blk, pa[mt][s], vf[s][2 * hh], vf[s][2 * hh + 1]);
-              const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&blk[0]));
-              const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&blk[1]));
-              acc[0] += lo.x, acc[1] += lo.y, acc[2] += hi.x, acc[3] += hi.y;
+              add_f16_block(acc, blk);
             } else {
 #pragma unroll
               for (int s = 0; s < BK / 16; ++s) mma_f16_f32<VT>(acc, pa[mt][s], vf[s][2 * hh], vf[s][2 * hh + 1]);
@@ -266,9 +272,7 @@ __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
               uint32_t blk[2] = {0u, 0u};
 #pragma unroll
               for (int s = 0; s < BK / 32; ++s) mma_e4m3_f16(blk, pa[mt][s], vf[s][2 * hh], vf[s][2 * hh + 1]);
-              const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&blk[0]));
-              const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&blk[1]));
-              acc[0] += lo.x, acc[1] += lo.y, acc[2] += hi.x, acc[3] += hi.y;
+              add_f16_block(acc, blk);
             }
           }
       }

@@ -9,16 +9,21 @@ namespace sage {
 
 enum class DType : int { kHalf = 0, kBFloat16 = 1 };
 
-// INT8 quantization of Q or K ([B, H, N, D] with arbitrary strides, unit stride on D).
+// INT8 quantization of Q or K.
 // Rows are grouped in blocks of `block_rows`; each block has `groups` scales:
 //   groups == 1: one scale per block (per-warp Q, per-block K)
 //   groups == 8: row r of the block uses scale r % 8 (per-thread Q)
 //   groups == 4: row r uses scale (r % 8) / 2 (per-thread K)
-struct QuantInt8Params {
-  const void* x;
+// A [B, H, N, D] fp16/bf16 input with arbitrary strides (unit stride on D).
+struct Input4D {
+  const void* data;
   DType dtype;
   int64_t stride_b, stride_h, stride_n;
-  int batch, heads, n, d;      // input sizes
+  int batch, heads, n, d;
+};
+
+struct QuantInt8Params {
+  Input4D in;
   int n_pad, d_pad;            // output sizes (multiples of block_rows / 16); padding is zero
   int block_rows, groups;
   float prescale;              // x is multiplied by this first (sm_scale*log2(e) for Q, 1 for K)
@@ -35,10 +40,7 @@ cudaError_t quant_int8(const QuantInt8Params& p, cudaStream_t stream);
 // FP8 e4m3 per-channel quantization of V ([B, H, N, D], unit stride on D) into the
 // transposed, token-permuted layout the FP8 PV MMA reads: out[B, H, d_pad, n_pad].
 struct QuantVFp8Params {
-  const void* v;
-  DType dtype;
-  int64_t stride_b, stride_h, stride_n;
-  int batch, heads, n, d;
+  Input4D in;
   int n_pad, d_pad;            // n_pad multiple of 64, d_pad multiple of 32
   float scale_max;             // 448, or 2.25 for the fp16-accumulating PV
   uint8_t* out;

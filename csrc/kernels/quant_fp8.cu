@@ -25,17 +25,17 @@ __global__ void __launch_bounds__(kThreads) quant_v_fp8_kernel(const QuantVFp8Pa
   const int c0 = blockIdx.x * kChannels, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg), one token row (r) per thread
-  const T* v = static_cast<const T*>(p.v) + b * p.stride_b + h * p.stride_h;
-  const bool vec = vec_ok<T>(p.v, p.stride_b, p.stride_h, p.stride_n, p.d);
+  const T* v = static_cast<const T*>(p.in.data) + b * p.in.stride_b + h * p.in.stride_h;
+  const bool vec = vec_ok<T>(p.in.data, p.in.stride_b, p.in.stride_h, p.in.stride_n, p.in.d);
   const int col0 = c0 + cg * 8;
 
   // pass 1: per-channel sum, max, min over the real tokens
   float s[8], mx[8], mn[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY;
-  for (int n = r; n < p.n; n += kTokens) {
+  for (int n = r; n < p.in.n; n += kTokens) {
     float x[8];
-    load8(v + n * p.stride_n, col0, p.d, vec, x);
+    load8(v + n * p.in.stride_n, col0, p.in.d, vec, x);
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] += x[i], mx[i] = fmaxf(mx[i], x[i]), mn[i] = fminf(mn[i], x[i]);
   }
@@ -53,15 +53,15 @@ __global__ void __launch_bounds__(kThreads) quant_v_fp8_kernel(const QuantVFp8Pa
     for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i], red[2][warp][cg * 8 + i] = mn[i];
   }
   __syncthreads();
-  const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
+  const int64_t bh = static_cast<int64_t>(b) * p.in.heads + h;
   if (tid < kChannels) {
     float ts = 0.f, tmx = -INFINITY, tmn = INFINITY;
     for (int w = 0; w < kThreads / 32; ++w) ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
-    const bool real = c0 + tid < p.d && p.n > 0;
+    const bool real = c0 + tid < p.in.d && p.in.n > 0;
     float mean = 0.f, amax = 0.f;
     if (real) {
       if (p.mean) {
-        mean = __fdiv_rn(ts, static_cast<float>(p.n));
+        mean = __fdiv_rn(ts, static_cast<float>(p.in.n));
         amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
       } else {
         amax = fmaxf(tmx, -tmn);
@@ -81,13 +81,13 @@ __global__ void __launch_bounds__(kThreads) quant_v_fp8_kernel(const QuantVFp8Pa
   for (int n0 = 0; n0 < p.n_pad; n0 += kTokens) {
     const int n = n0 + r;
     float x[8];
-    if (n < p.n) {
-      load8(v + n * p.stride_n, col0, p.d, vec, x);
+    if (n < p.in.n) {
+      load8(v + n * p.in.stride_n, col0, p.in.d, vec, x);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int c = cg * 8 + i;
         const float y = p.mean ? __fsub_rn(x[i], mean_s[c]) : x[i];
-        x[i] = (c0 + c < p.d) ? __fmul_rn(y, inv_s[c]) : 0.f;
+        x[i] = (c0 + c < p.in.d) ? __fmul_rn(y, inv_s[c]) : 0.f;
       }
     } else {
 #pragma unroll
@@ -112,11 +112,11 @@ __global__ void __launch_bounds__(kThreads) quant_v_fp8_kernel(const QuantVFp8Pa
 }  // namespace
 
 cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream) {
-  if (p.n_pad % kTokens != 0 || p.d_pad % kChannels != 0 || p.n_pad < p.n || p.d_pad < p.d)
+  if (p.n_pad % kTokens != 0 || p.d_pad % kChannels != 0 || p.n_pad < p.in.n || p.d_pad < p.in.d)
     return cudaErrorInvalidValue;
-  if (p.batch == 0 || p.heads == 0) return cudaSuccess;
-  const dim3 grid(p.d_pad / kChannels, p.heads, p.batch);
-  if (p.dtype == DType::kHalf)
+  if (p.in.batch == 0 || p.in.heads == 0) return cudaSuccess;
+  const dim3 grid(p.d_pad / kChannels, p.in.heads, p.in.batch);
+  if (p.in.dtype == DType::kHalf)
     quant_v_fp8_kernel<__half><<<grid, kThreads, 0, stream>>>(p);
   else
     quant_v_fp8_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);

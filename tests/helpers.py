@@ -124,3 +124,18 @@ def assert_close_to_fp32(out, ref, what="", cos=COS_VS_FP32, l1=L1_VS_FP32):
     assert m["finite"], f"{what}: non-finite output"
     assert m["cos"] >= cos and m["rel_l1"] <= l1, f"{what}: vs fp32 {m} (need cos>={cos}, rel_l1<={l1})"
     return m
+
+
+CUDA_BACKENDS = ("cuda_fp16", "cuda_fp8")  # the mma.sync kernel functions
+
+
+def cuda_defaults(backend):
+    """qk_quant_gran and pv_accum_dtype a CUDA kernel function uses when not given (read
+    from its signature, the one place they are written)."""
+    import inspect
+
+    import sageattention as sa
+    from sageattention import dispatch
+
+    sig = inspect.signature(getattr(sa, dispatch.BACKENDS[backend].function))
+    return {name: sig.parameters[name].default for name in ("qk_quant_gran", "pv_accum_dtype")}

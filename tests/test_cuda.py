@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sageattention as sa
-from helpers import assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
+from helpers import cuda_defaults, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, _ops, dispatch
 from sageattention.reference import attention_quantized
 
@@ -65,13 +65,10 @@ def test_misaligned_and_strided_inputs(backend):
     base = torch.randn(1, 3, 150, 2 * 72 + 1, device="cuda", dtype=torch.bfloat16)
     q, k, v = base[..., 1:73], base[..., 73:145], base[..., 2:74]  # D=72, odd offsets
     o = fn(q, k, v)
-    cfg = _cuda.reference_config(ext, "per_thread", _cuda_default(backend), torch.bfloat16)
+    opts = cuda_defaults(backend)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
     assert_close_to_reference(o, attention_quantized(q, k, v, "HND", False, None, False, cfg), torch.bfloat16,
                               fp8=backend == FP8)
-
-
-def _cuda_default(backend):
-    return "fp32" if backend == FP16 else "fp32+fp16"
 
 
 @pytest.mark.parametrize("backend", [FP16, FP8])

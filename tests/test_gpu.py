@@ -10,6 +10,8 @@ import torch
 
 import sageattention as sa
 from helpers import (
+    CUDA_BACKENDS,
+    cuda_defaults,
     LSE_VS_FP32,
     assert_close_to_fp32,
     assert_close_to_reference,
@@ -42,11 +44,6 @@ def _functions():
 FUNCS = _functions()
 
 
-# default options of the CUDA kernel functions (their signatures)
-_CUDA_DEFAULTS = {
-    "cuda_fp16": {"qk_quant_gran": "per_thread", "pv_accum_dtype": "fp32"},
-    "cuda_fp8": {"qk_quant_gran": "per_thread", "pv_accum_dtype": "fp32+fp16"},
-}
 # fp8 PV against fp32 SDPA: the reference of that pipeline reaches cos 0.99928, rel-L1 0.038
 # at worst over D 40..256, N 77/1000, causal, fp16/bf16 (K bias 1 sigma); ~2x room
 FP8_VS_FP32 = {"cos": 0.998, "l1": 0.06}
@@ -56,8 +53,11 @@ def _backend(fn, device):
     """(backend, options) that ``fn`` runs on ``device``."""
     if fn == "sageattn":
         choice = dispatch.choose(device)
-        return choice.backend, dict(_CUDA_DEFAULTS.get(choice.backend, {}), **choice.options)
-    return fn, dict(_CUDA_DEFAULTS.get(fn, {}))
+        backend, options = choice.backend, choice.options
+    else:
+        backend, options = fn, {}
+    defaults = cuda_defaults(backend) if backend in CUDA_BACKENDS else {}
+    return backend, dict(defaults, **options)
 
 
 def _fp32_bars(fn, device):
@@ -69,7 +69,7 @@ def _reference_config(fn, d, dtype, device, n_k):
     backend, opts = _backend(fn, device)
     if backend == "triton":
         return st.config_for(d, dtype, device, n_k).reference(dtype)
-    if backend in _CUDA_DEFAULTS:
+    if backend in CUDA_BACKENDS:
         return _cuda.reference_config(dispatch.BACKENDS[backend].extension, opts["qk_quant_gran"],
                                       opts["pv_accum_dtype"], dtype)
     return None

@@ -31,7 +31,14 @@ PY_LIMITED_HEX = "0x030A0000"
 def extensions():
     if os.environ.get("SAGEATTN_SKIP_CUDA_BUILD", "0") not in ("", "0") or "sdist" in sys.argv or "egg_info" in sys.argv:
         return [], {}
-    from torch.utils import cpp_extension
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as exc:
+        raise RuntimeError(
+            "building the CUDA kernels needs torch in the build environment: install with "
+            "`pip install --no-build-isolation ...`, or set SAGEATTN_SKIP_CUDA_BUILD=1 for the "
+            "Triton-only package"
+        ) from exc
 
     nvcc_version = cuda_archs.nvcc_version(cpp_extension.CUDA_HOME)
     archs = cuda_archs.parse(os.environ.get("TORCH_CUDA_ARCH_LIST") or cuda_archs.local_archs())

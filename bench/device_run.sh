@@ -2,13 +2,15 @@
 # One device call: build the CUDA extensions in place, run the GPU tests, the sanitizers
 # and the benchmark; logs under $OUT (default ./device-out). Steps are chosen with
 # STEPS="build cuda gpu bench sanitize" (default: all). Used through the `device` tool:
-#   bash bench/device_run.sh
+#   SAGEATTN_COMMIT=<commit of this tree> bash bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 STEPS=${STEPS:-"build cuda gpu bench sanitize"}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16} NVCC_THREADS=${NVCC_THREADS:-2}
+# The commit recorded with the benchmark. Pass it from your checkout: the lent device machine's
+# copy of the tree carries a stale .git, so `git rev-parse` there names an old commit.
 export SAGEATTN_COMMIT=${SAGEATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -48,7 +50,7 @@ if has sanitize; then
   timeout ${SAN_TIMEOUT:-300} "$CS" --tool racecheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/racecheck.log" 2>&1 &
   p2=$!
   wait $p1; r1=$?; wait $p2; r2=$?
-  echo "memcheck exit $r1, racecheck exit $r2"; tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log"
+  echo "memcheck exit $r1, racecheck exit $r2"; tail -n 4 "$OUT/memcheck.log" "$OUT/racecheck.log"
   [[ $r1 == 0 && $r2 == 0 ]] || status=1
 fi
 stamp "done, status $status"

@@ -1,12 +1,15 @@
 """Build script: the optional CUDA extensions.
 
-Two extensions, each compiled only for the archs its instructions exist on:
+Three extensions, each compiled only for the archs its instructions exist on
+(scripts/cuda_archs.py, FAMILIES):
 
 - ``sageattention._qattn_sm80``: INT8 QK^T + fp16/bf16 PV on mma.sync (sm80 and newer);
 - ``sageattention._qattn_sm89``: INT8 QK^T + fp8 PV on mma.sync (sm89 and newer; its
-  fp16-accumulating fp8 MMA needs nvcc 12.8).
+  fp16-accumulating fp8 MMA needs nvcc 12.8);
+- ``sageattention._qattn_sm90``: INT8 QK^T + fp8 PV on wgmma with TMA, for sm_90a only (the
+  Hopper kernel; arch-specific code runs on no other GPU).
 
-Both hold the fused quantization kernels and register torch custom ops (TORCH_LIBRARY, no
+Each holds the fused quantization kernels and register torch custom ops (TORCH_LIBRARY, no
 pybind11), built against the Python limited API: one abi3 wheel serves every Python >= 3.10.
 
 Environment:
@@ -58,7 +61,7 @@ def extensions():
                     "cxx": ["-O3", f"-DPy_LIMITED_API={PY_LIMITED_HEX}"] + defines,
                     "nvcc": ["-O3", "-lineinfo", f"--threads={threads}"]
                     + defines
-                    + cuda_archs.gencode_flags(family_archs),
+                    + family.gencode(family_archs),
                 },
             )
         )

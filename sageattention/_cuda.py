@@ -16,6 +16,7 @@ from ._ops import require
 
 LOG2E = 1.4426950408889634
 BLOCK_Q, WARP_Q, BLOCK_K = 128, 16, 64  # csrc/kernels/launch.h
+SM90_BLOCK_K = 128  # keys per tile of the Hopper kernel (kSm90BlockK): its online-softmax block
 FP8_MAX = 448.0
 # fp32+fp16: 448 (|P|) * 2.25 (|V|) * 64 (keys per block) = 64512 < 65504, the fp16 maximum
 V_MAX_FP16_ACCUM = 2.25
@@ -24,7 +25,15 @@ ACCUM = {"fp32": 0, "fp16+fp32": 1, "fp32+fp32": 2, "fp32+fp16": 3}
 FAMILIES = {  # extension module -> op namespace
     "sageattention._qattn_sm80": "sageattention_sm80",
     "sageattention._qattn_sm89": "sageattention_sm89",
+    "sageattention._qattn_sm90": "sageattention_sm90",
 }
+SM90 = "sageattention._qattn_sm90"
+#: head dims above 128 on the Hopper path run on the mma.sync fp8 kernel (same math)
+SM90_WIDE_FALLBACK = "sageattention._qattn_sm89"
+
+
+def _fp8(module: str) -> bool:
+    return module.endswith(("sm89", "sm90"))
 
 
 def _ceil(a: int, b: int) -> int:
@@ -90,13 +99,16 @@ def _register_fakes(ns: str) -> None:
 def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,
             qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool):
     """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``."""
+    d = q.shape[3]
+    if module == SM90 and d > 128:
+        module = SM90_WIDE_FALLBACK
     require(fn, module)
     op = ops(module)
     nhd = tensor_layout == "NHD"
     qh, kh, vh = (t.transpose(1, 2) if nhd else t for t in (q, k, v))
-    nq, nk, d = qh.shape[2], kh.shape[2], qh.shape[3]
+    nq, nk = qh.shape[2], kh.shape[2]
     dp = padded_head_dim(d)
-    nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, BLOCK_K)
+    nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, SM90_BLOCK_K if module == SM90 else BLOCK_K)
     per_thread = qk_quant_gran == "per_thread"
     q_groups, k_groups = (8, 4) if per_thread else (1, 1)
 
@@ -104,7 +116,7 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
     q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups, nq_pad, dp)
     k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
     v_scale = v_mean = None
-    if module.endswith("sm89"):
+    if _fp8(module):
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
         v_op, v_scale, v_mean = op.quant_v_fp8(vh, vmax, smooth_v, nk_pad, dp)
         if not smooth_v:
@@ -119,11 +131,13 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
 
 
 def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype: torch.dtype,
-                     smooth_k: bool = True, smooth_v: bool = False):
+                     smooth_k: bool = True, smooth_v: bool = False, head_dim: int = 128):
     """The :class:`~sageattention.reference.QuantConfig` of what these kernels compute."""
     from .reference import FP8_E4M3_MAX, QuantConfig
 
-    fp8 = module.endswith("sm89")
+    if module == SM90 and head_dim > 128:
+        module = SM90_WIDE_FALLBACK
+    fp8 = _fp8(module)
     if fp8:
         pv = "fp8"
     elif pv_accum_dtype == "fp16+fp32":
@@ -131,7 +145,8 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
     else:
         pv = "bf16" if dtype == torch.bfloat16 else "fp16"
     return QuantConfig(
-        qk_gran=qk_quant_gran, blk_q=BLOCK_Q, warp_q=WARP_Q, blk_k=BLOCK_K, warp_k=BLOCK_K, block_n=BLOCK_K,
+        qk_gran=qk_quant_gran, blk_q=BLOCK_Q, warp_q=WARP_Q, blk_k=BLOCK_K, warp_k=BLOCK_K,
+        block_n=SM90_BLOCK_K if module == SM90 else BLOCK_K,
         pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
     )

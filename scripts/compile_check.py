@@ -39,7 +39,7 @@ def jobs_for(archs, nvcc):
 def compile_one(fam, src, arch, outdir, nvcc="nvcc"):
     obj = os.path.join(outdir, f"{fam.ext}-{os.path.basename(src)}-sm{arch.sm}.o")
     cmd = [nvcc, "-c", "-O3", "-std=c++17", "-Xptxas=-v", "-o", obj, os.path.join(cuda_archs.ROOT, src)]
-    cmd += [f"-D{d}" for d in fam.defines] + cuda_archs.gencode_flags([arch])
+    cmd += [f"-D{d}" for d in fam.defines] + fam.gencode([arch])
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     return r.returncode, r.stdout + r.stderr, time.time() - t0, " ".join(cmd)

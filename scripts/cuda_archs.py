@@ -50,6 +50,11 @@ class Family:
     kernel_files: Tuple[str, ...]
     defines: Tuple[str, ...]
     why: str
+    max_arch: Optional[Tuple[int, int]] = None  # arch-specific code: built for no newer arch
+    arch_suffix: str = ""  # "a": the arch-specific target (sm_90a), which wgmma/setmaxnreg need
+
+    def gencode(self, archs: Sequence["Arch"]) -> List[str]:
+        return gencode_flags(archs, self.arch_suffix)
 
     def sources(self, with_binding: bool = True) -> List[str]:
         files = [f"{KERNELS}/{f}" for f in self.kernel_files]
@@ -74,6 +79,17 @@ FAMILIES: Tuple[Family, ...] = (
         kernel_files=("quant_int8.cu", "quant_fp8.cu", "attn_dispatch.cu", "attn_fp8_d64.cu", "attn_fp8_d128.cu", "attn_fp8_d256.cu"),
         defines=("SAGE_FP8",),
         why="the fp16-accumulating fp8 MMA (mma.sync ... f16.e4m3.e4m3.f16) is PTX ISA 8.7, nvcc 12.8",
+    ),
+    Family(
+        ext="_qattn_sm90",
+        ops="sageattention_sm90",
+        min_arch=(9, 0),
+        min_nvcc=(12, 0),
+        kernel_files=("quant_int8.cu", "quant_fp8.cu", "attn_sm90_host.cu", "attn_sm90_d64.cu", "attn_sm90_d128.cu"),
+        defines=("SAGE_FP8", "SAGE_SM90"),
+        why="wgmma with fp8 operands and TMA for sm_90a",
+        max_arch=(9, 0),
+        arch_suffix="a",
     ),
 )
 
@@ -111,7 +127,8 @@ def _key(version: str) -> Tuple[int, int]:
 
 def for_family(family: Family, archs: Sequence[Arch], nvcc: Tuple[int, int]) -> List[Arch]:
     """The archs of ``archs`` that ``family`` is built for; raises if nvcc cannot build one."""
-    chosen = [a for a in archs if _key(a.version) >= family.min_arch]
+    chosen = [a for a in archs if _key(a.version) >= family.min_arch
+              and (family.max_arch is None or _key(a.version) <= family.max_arch)]
     for a in chosen:
         need = max(SUPPORTED[a.version], family.min_nvcc)
         if nvcc < need:
@@ -123,12 +140,14 @@ def for_family(family: Family, archs: Sequence[Arch], nvcc: Tuple[int, int]) -> 
     return chosen
 
 
-def gencode_flags(archs: Sequence[Arch]) -> List[str]:
+def gencode_flags(archs: Sequence[Arch], suffix: str = "") -> List[str]:
+    """nvcc flags for ``archs``; suffix "a" targets the arch-specific variant (sm_90a)."""
     flags = []
     for a in archs:
-        flags.append(f"-gencode=arch=compute_{a.sm},code=sm_{a.sm}")
+        sm = a.sm + suffix
+        flags.append(f"-gencode=arch=compute_{sm},code=sm_{sm}")
         if a.ptx:
-            flags.append(f"-gencode=arch=compute_{a.sm},code=compute_{a.sm}")
+            flags.append(f"-gencode=arch=compute_{sm},code=compute_{sm}")
     return flags
 
 

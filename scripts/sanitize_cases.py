@@ -13,7 +13,7 @@ import sys
 import torch
 
 import sageattention as sa
-from sageattention import _ops, dispatch
+from sageattention import dispatch
 
 MODES = [
     ("cuda_fp16", {"pv_accum_dtype": "fp32"}),
@@ -21,6 +21,8 @@ MODES = [
     ("cuda_fp8", {"pv_accum_dtype": "fp32", "smooth_v": True}),
     ("cuda_fp8", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_warp"}),
     ("cuda_fp8", {"pv_accum_dtype": "fp32+fp16"}),
+    ("cuda_sm90", {"pv_accum_dtype": "fp32+fp32"}),
+    ("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_warp"}),
 ]
 
 
@@ -30,7 +32,7 @@ def main(argv=None) -> int:
     for backend, opts in MODES:
         if only and backend not in only:
             continue
-        ok, why = _ops.status(dispatch.BACKENDS[backend].extension)
+        ok, why = dispatch.backend_status(backend, torch.cuda.get_device_capability())
         if not ok:
             print(f"skip {backend}: {why}")
             continue

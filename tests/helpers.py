@@ -126,7 +126,8 @@ def assert_close_to_fp32(out, ref, what="", cos=COS_VS_FP32, l1=L1_VS_FP32):
     return m
 
 
-CUDA_BACKENDS = ("cuda_fp16", "cuda_fp8")  # the mma.sync kernel functions
+CUDA_BACKENDS = ("cuda_fp16", "cuda_fp8", "cuda_sm90")  # the compiled kernel functions
+FP8_BACKENDS = ("cuda_fp8", "cuda_sm90")  # fp8 P and V: wider bounds against fp32
 
 
 def cuda_defaults(backend):

@@ -33,6 +33,9 @@ def test_each_extension_gets_only_its_archs():
     assert [a.version for a in ca.for_family(fams["_qattn_sm80"], archs, (13, 0))] == ["8.0", "8.6", "8.9", "9.0", "12.0"]
     assert [a.version for a in ca.for_family(fams["_qattn_sm89"], archs, (13, 0))] == ["8.9", "9.0", "12.0"]
     assert ca.for_family(fams["_qattn_sm89"], ca.parse("8.0;8.6"), (13, 0)) == []
+    # arch-specific (sm_90a) code: 9.0 and nothing newer
+    assert [a.version for a in ca.for_family(fams["_qattn_sm90"], archs, (13, 0))] == ["9.0"]
+    assert ca.for_family(fams["_qattn_sm90"], ca.parse("8.9;12.0"), (13, 0)) == []
 
 
 def test_old_nvcc_is_a_build_error_not_a_runtime_trap():
@@ -49,6 +52,21 @@ def test_gencode_flags_honour_ptx():
     flags = ca.gencode_flags(ca.parse("8.0;9.0+PTX"))
     assert flags == ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
                      "-gencode=arch=compute_90,code=compute_90"]
+
+
+def test_sm90_family_targets_sm90a():
+    sm90 = next(f for f in ca.FAMILIES if f.ext == "_qattn_sm90")
+    assert sm90.gencode(ca.parse("9.0+PTX")) == ["-gencode=arch=compute_90a,code=sm_90a",
+                                                  "-gencode=arch=compute_90a,code=compute_90a"]
+
+
+def test_generated_wgmma_header_is_current():
+    import subprocess
+    import sys
+
+    gen = os.path.join(ca.ROOT, "scripts", "gen_wgmma.py")
+    r = subprocess.run([sys.executable, gen, "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 def test_sources_exist_and_kernels_include_no_torch():

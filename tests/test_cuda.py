@@ -1,30 +1,31 @@
-"""The compiled mma.sync kernels: every accumulation mode and granularity against the
-reference, torch.compile, the custom ops' registration (opcheck), odd strides. GPU only;
-each test skips with the reason when its extension is not in this build."""
+"""The compiled kernels (mma.sync for sm80/sm89, wgmma for sm90a): every accumulation mode
+and granularity against the reference, torch.compile, the custom ops' registration
+(opcheck), odd strides. GPU only; each test skips with the reason when its extension is not
+in this build or cannot run on this GPU."""
 
 import pytest
 import torch
 
 import sageattention as sa
-from helpers import cuda_defaults, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
+from helpers import FP8_BACKENDS, cuda_defaults, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, _ops, dispatch
 from sageattention.reference import attention_quantized
 
 pytestmark = pytest.mark.gpu
 
-FP16, FP8 = "cuda_fp16", "cuda_fp8"
+FP16, FP8, SM90 = "cuda_fp16", "cuda_fp8", "cuda_sm90"
+ALL = [FP16, FP8, SM90]
 MODES = [(FP16, acc, False) for acc in ("fp32", "fp16+fp32")] + \
-        [(FP8, acc, False) for acc in ("fp32", "fp32+fp32", "fp32+fp16")] + [(FP8, "fp32", True)]
+        [(FP8, acc, False) for acc in ("fp32", "fp32+fp32", "fp32+fp16")] + [(FP8, "fp32", True)] + \
+        [(SM90, "fp32+fp32", False)]
 FP8_BARS = {"cos": 0.998, "l1": 0.06}
 
 
 def _need(backend):
     ext = dispatch.BACKENDS[backend].extension
-    ok, why = _ops.status(ext)
+    ok, why = dispatch.backend_status(backend, torch.cuda.get_device_capability())
     if not ok:
         pytest.skip(f"{backend}: {why}")
-    if torch.cuda.get_device_capability() < dispatch.BACKENDS[backend].min_capability:
-        pytest.skip(f"{backend} needs sm{''.join(map(str, dispatch.BACKENDS[backend].min_capability))}")
     return getattr(sa, dispatch.BACKENDS[backend].function), ext
 
 
@@ -41,14 +42,15 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
     if smooth_v:
         kw["smooth_v"] = True
     o, lse = fn(q, k, v, **kw)
-    cfg = _cuda.reference_config(ext, gran, accum, dtype, smooth_v=smooth_v)
+    cfg = _cuda.reference_config(ext, gran, accum, dtype, smooth_v=smooth_v, head_dim=d)
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
-    assert_close_to_reference(o, ro, dtype, f"{backend} {accum} {gran}", fp8=backend == FP8)
+    fp8 = backend in FP8_BACKENDS
+    assert_close_to_reference(o, ro, dtype, f"{backend} {accum} {gran}", fp8=fp8)
     assert_lse_close_to_reference(lse, rl)
-    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), backend, **(FP8_BARS if backend == FP8 else {}))
+    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), backend, **(FP8_BARS if fp8 else {}))
 
 
-@pytest.mark.parametrize("backend", [FP16, FP8])
+@pytest.mark.parametrize("backend", ALL)
 def test_inputs_are_not_modified(backend):
     fn, _ = _need(backend)
     q, k, v = make_qkv(1, 2, 2, 200, 200, 64, torch.float16, "HND", "cuda", k_bias=2.0)
@@ -57,7 +59,7 @@ def test_inputs_are_not_modified(backend):
     assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
 
 
-@pytest.mark.parametrize("backend", [FP16, FP8])
+@pytest.mark.parametrize("backend", ALL)
 def test_misaligned_and_strided_inputs(backend):
     """Rows whose start is not 16-byte aligned and a head dim that is a slice: the kernels
     fall back to element loads (quantization) or a padded copy (fp16 V)."""
@@ -66,12 +68,12 @@ def test_misaligned_and_strided_inputs(backend):
     q, k, v = base[..., 1:73], base[..., 73:145], base[..., 2:74]  # D=72, odd offsets
     o = fn(q, k, v)
     opts = cuda_defaults(backend)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=72)
     assert_close_to_reference(o, attention_quantized(q, k, v, "HND", False, None, False, cfg), torch.bfloat16,
-                              fp8=backend == FP8)
+                              fp8=backend in FP8_BACKENDS)
 
 
-@pytest.mark.parametrize("backend", [FP16, FP8])
+@pytest.mark.parametrize("backend", ALL)
 def test_torch_compile_fullgraph_matches_eager(backend):
     fn, _ = _need(backend)
     q, k, v = make_qkv(1, 4, 2, 300, 300, 128, torch.bfloat16, "NHD", "cuda", k_bias=1.0)
@@ -82,7 +84,7 @@ def test_torch_compile_fullgraph_matches_eager(backend):
     _same_up_to_the_k_mean(got, eager)
 
 
-@pytest.mark.parametrize("backend", ["chosen", FP16, FP8])
+@pytest.mark.parametrize("backend", ["chosen"] + ALL)
 def test_torch_compile_fullgraph_sageattn(backend, monkeypatch):
     """sageattn traced whole, on the kernel dispatch picks here and forced onto each CUDA kernel."""
     if backend != "chosen":
@@ -103,7 +105,7 @@ def _same_up_to_the_k_mean(got, eager):
     torch.testing.assert_close(got[1], eager[1], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("backend", [FP16, FP8])
+@pytest.mark.parametrize("backend", ALL)
 def test_opcheck(backend):
     """Schema, fake (meta) implementation and dispatcher registration of every op."""
     _, ext = _need(backend)
@@ -117,11 +119,14 @@ def test_opcheck(backend):
         torch.library.opcheck(op.quant_v_fp8, (x, 448.0, True, 128, 64))
         v, vs, vm = op.quant_v_fp8(x, 448.0, True, 128, 64)
         accum = 0
+    elif backend == SM90:
+        v, vs, _ = op.quant_v_fp8(x, 448.0, False, 128, 64)
+        vm, accum = None, 2
     else:
         v, vs, vm, accum = x, None, None, 0
     # opcheck's schema test multiplies the inputs, which torch does not implement for fp8
     utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
-    kw = {"test_utils": utils} if backend == FP8 else {}
+    kw = {"test_utils": utils} if backend in FP8_BACKENDS else {}
     torch.library.opcheck(op.attn, (q8, k8, v, qs, ks, vs, vm, qdot, 8, 4, 100, 100, 64, True, accum, False, True,
                                     0.125, torch.float16), **kw)
 

@@ -11,6 +11,7 @@ import torch
 import sageattention as sa
 from helpers import (
     CUDA_BACKENDS,
+    FP8_BACKENDS,
     cuda_defaults,
     LSE_VS_FP32,
     assert_close_to_fp32,
@@ -61,7 +62,7 @@ def _backend(fn, device):
 
 
 def _fp32_bars(fn, device):
-    return FP8_VS_FP32 if _backend(fn, device)[0] == "cuda_fp8" else {}
+    return FP8_VS_FP32 if _backend(fn, device)[0] in FP8_BACKENDS else {}
 
 
 def _reference_config(fn, d, dtype, device, n_k):
@@ -71,7 +72,7 @@ def _reference_config(fn, d, dtype, device, n_k):
         return st.config_for(d, dtype, device, n_k).reference(dtype)
     if backend in CUDA_BACKENDS:
         return _cuda.reference_config(dispatch.BACKENDS[backend].extension, opts["qk_quant_gran"],
-                                      opts["pv_accum_dtype"], dtype)
+                                      opts["pv_accum_dtype"], dtype, head_dim=d)
     return None
 
 
@@ -97,7 +98,7 @@ def test_grid(fn, dtype, layout, causal, d, n, gqa, cross, lse):
     if cfg is not None:
         ref = attention_quantized(q, k, v, layout, causal, None, lse, cfg)
         ro, rl = ref if lse else (ref, None)
-        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device)[0] == "cuda_fp8")
+        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device)[0] in FP8_BACKENDS)
         if lse:
             assert_lse_close_to_reference(lse_out, rl)
     if lse:
@@ -122,7 +123,7 @@ def test_long_sequences(fn, dtype, causal, d, lse):
     cfg = _reference_config(fn, d, dtype, q.device, n)
     ref = attention_quantized(q, k, v, "HND", causal, None, lse, cfg)
     ro, rl = ref if lse else (ref, None)
-    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device)[0] == "cuda_fp8")
+    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device)[0] in FP8_BACKENDS)
     if lse:
         assert_lse_close_to_reference(lse_out, rl)
 

@@ -3,8 +3,8 @@
 // No pybind11: the Python module only exists so that `import` loads this library, and it
 // is built against the Python limited API (abi3).
 //
-// Built twice: SAGE_EXT/SAGE_OPS name the extension and its op namespace, SAGE_FP16_PV /
-// SAGE_FP8 select the kernel family (see setup.py).
+// Built once per extension: SAGE_EXT/SAGE_OPS name the extension and its op namespace,
+// SAGE_FP16_PV / SAGE_FP8 / SAGE_SM90 select the kernel family (scripts/cuda_archs.py).
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
@@ -146,10 +146,16 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
               kOps, "::", op, ": q8 and k8 must be contiguous 4-D int8 CUDA tensors");
   const int64_t B = q8.size(0), Hq = q8.size(1), nq_pad = q8.size(2), Dp = q8.size(3);
   const int64_t Hkv = k8.size(1), nk_pad = k8.size(2);
+#if defined(SAGE_SM90)
+  TORCH_CHECK(Dp == 64 || Dp == 128, kOps, "::", op, ": head dim must be padded to 64 or 128, got ", Dp);
+  const int64_t kv_block = sage::kSm90BlockK;
+#else
   TORCH_CHECK(Dp == 64 || Dp == 128 || Dp == 256, kOps, "::", op, ": head dim must be padded to 64, 128 or 256, got ", Dp);
+  const int64_t kv_block = sage::kAttnBlockK;
+#endif
   TORCH_CHECK(k8.size(0) == B && k8.size(3) == Dp && Hkv > 0 && Hq % Hkv == 0, kOps, "::", op, ": q8/k8 shapes ",
               q8.sizes(), " and ", k8.sizes(), " do not match");
-  TORCH_CHECK(nq_pad % sage::kAttnBlockQ == 0 && nq <= nq_pad && nq > 0 && nk_pad % sage::kAttnBlockK == 0 &&
+  TORCH_CHECK(nq_pad % sage::kAttnBlockQ == 0 && nq <= nq_pad && nq > 0 && nk_pad % kv_block == 0 &&
                   nk <= nk_pad && nk > 0 && d_out > 0 && d_out <= Dp,
               kOps, "::", op, ": bad sizes nq=", nq, " nk=", nk, " d_out=", d_out);
   TORCH_CHECK((q_groups == 1 || q_groups == 8) && (k_groups == 1 || k_groups == 4), kOps, "::", op,
@@ -205,7 +211,9 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   p.accum = static_cast<sage::PVAccum>(accum);
   cudaError_t err = cudaErrorInvalidValue;
   auto stream = c10::cuda::getCurrentCUDAStream();
-#if defined(SAGE_FP8)
+#if defined(SAGE_SM90)
+  if (fp8) err = sage::attn_sm90(p, static_cast<int>(Dp), stream);
+#elif defined(SAGE_FP8)
   if (fp8) err = sage::attn_fp8_pv(p, static_cast<int>(Dp), stream);
 #endif
 #if defined(SAGE_FP16_PV)

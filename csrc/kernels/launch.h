@@ -94,4 +94,11 @@ cudaError_t attn_fp16_pv(const AttnParams& p, int head_dim, cudaStream_t stream)
 cudaError_t attn_fp8_pv(const AttnParams& p, int head_dim, cudaStream_t stream);
 #endif
 
+#if defined(SAGE_SM90)
+// Hopper (sm_90a) kernel: fp8 V^T from quant_v_fp8 with nk_pad a multiple of kSm90BlockK,
+// accum kFp32Fp32 only, head_dim 64 or 128.
+constexpr int kSm90BlockK = 128;
+cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream);
+#endif
+
 }  // namespace sage

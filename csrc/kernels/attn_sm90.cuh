@@ -1,0 +1,262 @@
+// Hopper (sm_90a) attention: INT8 QK^T and FP8 e4m3 PV on wgmma, tiles brought in by TMA.
+//
+// A CTA owns 128 query rows and has three warpgroups:
+//   - warpgroup 0, the producer: one thread issues the TMA loads (Q once, then K and V^T
+//     tiles of 128 keys into a kStages-deep ring of shared-memory buffers, each buffer
+//     guarded by "full" mbarriers (bytes landed) and an "empty" mbarrier (consumers done);
+//   - warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile: S = Q K^T
+//     (wgmma s8, both operands in shared memory), dequantize with the q and k scales,
+//     online softmax in base 2, P scaled by 448 into e4m3 and kept in registers as the A
+//     operand of O_blk = P V (wgmma e4m3, fp32), then O = O * alpha + O_blk (two-level
+//     accumulation: the tensor core sums only 128 keys in its reduced-precision fp8
+//     accumulator). The V scale and 1/l are applied in the epilogue.
+// setmaxnreg moves registers from the producer (which needs few) to the consumers.
+//
+// Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and
+// quant_v_fp8 (V^T with tokens permuted inside 16-token groups so that the accumulator
+// layout of S is directly the A-fragment layout of P; see quant_fp8.cu).
+#pragma once
+
+#include <cuda.h>
+#include "common.cuh"
+#include "sm90.cuh"
+#include "wgmma_ops.cuh"
+
+namespace sage {
+
+struct Sm90Args {
+  CUtensorMap tq, tk, tv;  // int8 Q [rows, D], int8 K [rows, D], e4m3 V^T [rows, nk_pad]
+  AttnParams p;
+};
+
+template <int D>
+struct Sm90Shape {
+  static_assert(D == 64 || D == 128, "native head dims");
+  static constexpr int kBQ = 128, kBK = kSm90BlockK, kStages = 2, kThreads = 384;
+  static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
+  static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
+  static constexpr int kOffK = kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKBytes;
+  static constexpr int kOffBar = kOffV + kStages * kVBytes;
+  static constexpr int kBars = 1 + 3 * kStages;
+  static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
+};
+
+template <int D, typename OutT>
+__global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a) {
+  using S = Sm90Shape<D>;
+  constexpr int ST = S::kStages, BK = S::kBK;
+  constexpr int NACC = BK / 2;                         // S accumulator registers per thread
+  constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
+  const AttnParams& p = a.p;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kOffBar);
+  uint64_t* bar_q = bars;
+  uint64_t* full_k = bars + 1;
+  uint64_t* full_v = bars + 1 + ST;
+  uint64_t* empty = bars + 1 + 2 * ST;
+
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int bx = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: longest rows first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  const int q0 = bx * S::kBQ;
+  const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
+  const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + hk;
+  int kv_lim = p.nk;
+  if (p.causal) kv_lim = min(kv_lim, q0 + S::kBQ);
+  const int nkb = (kv_lim + BK - 1) / BK;
+
+  if (tid == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&full_k[s], 1);
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty[s], 8);  // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    regs_dealloc<24>();
+    if (tid == 0) {
+      tma_prefetch_desc(&a.tq);
+      tma_prefetch_desc(&a.tk);
+      tma_prefetch_desc(&a.tv);
+      mbar_expect_tx(bar_q, S::kQBytes);
+      tma_load_2d(smem, &a.tq, 0, static_cast<int>(bh * p.nq_pad + q0), bar_q);
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int st = kb % ST;
+        if (kb >= ST) mbar_wait(&empty[st], ((kb / ST) & 1) ^ 1);
+        mbar_expect_tx(&full_k[st], S::kKBytes);
+        tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
+        mbar_expect_tx(&full_v[st], S::kVBytes);
+        tma_load_2d(smem + S::kOffV + st * S::kVBytes, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  regs_alloc<240>();
+  const int cw = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t = lane & 3;
+  const int row_w = q0 + cw * 64 + warp * 16;  // first query row of this warp
+  const int nwb = p.nq_pad / kAttnWarpQ;
+  const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
+  const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * p.k_groups + (p.k_groups == 4 ? t : 0);
+  const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + cw * 64 * D));
+
+  float o[D / 2];
+  float blk[D / 2];
+  int32_t sacc[NACC];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f, blk[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) sacc[i] = 0;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  mbar_wait(bar_q, 0);
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int st = kb % ST, ph = (kb / ST) & 1;
+    const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
+    const uint64_t dv = kmajor_desc<128>(smem_addr(smem + S::kOffV + st * S::kVBytes));
+
+    // S = Q K^T
+    mbar_wait(&full_k[st], ph);
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 32; ++ks) wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, ks);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
+
+    // dequantize (int32 -> fp32 exactly via the 1.5 * 2^23 trick: |S| < 2^22), mask, online softmax
+    const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * p.k_groups];
+    const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * p.k_groups];
+    const bool masked = (kb + 1) * BK > p.nk || (p.causal && (kb + 1) * BK - 1 > row_w);
+    float sf[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) {
+      const int j = i / 4;
+      float x = (__int_as_float(sacc[i] + 0x4B400000) - 12582912.f) * (j < BK / 16 ? f0 : f1);
+      if (masked) {
+        const int col = kb * BK + 8 * j + 2 * t + (i & 1);
+        const int row = row_w + g + 8 * ((i >> 1) & 1);
+        if (col >= p.nk || (p.causal && col > row)) x = -INFINITY;
+      }
+      sf[i] = x;
+    }
+    float alpha[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j) mx = fmaxf(mx, fmaxf(sf[4 * j + 2 * hr], sf[4 * j + 2 * hr + 1]));
+      mx = warp_max_quad(mx);
+      const float m_new = fmaxf(m[hr], mx);
+      alpha[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
+      const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
+      m[hr] = m_new;
+      float rs = 0.f;
+#pragma unroll
+      for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+        for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+          const float pe = ex2(sf[4 * j + e] - mo);
+          sf[4 * j + e] = pe;
+          rs += pe;
+        }
+      l[hr] = l[hr] * alpha[hr] + rs;
+    }
+
+    // P as e4m3 A fragments: k step s covers keys 32s..32s+31 (n8 chunks 4s..4s+3), in the
+    // k order of the permuted V^T rows
+    uint32_t pa[BK / 32][4];
+#pragma unroll
+    for (int s = 0; s < BK / 32; ++s) {
+      const int i = 16 * s;
+      pa[s][0] = to_e4m3x4(sf[i + 0], sf[i + 1], sf[i + 4], sf[i + 5]);
+      pa[s][1] = to_e4m3x4(sf[i + 2], sf[i + 3], sf[i + 6], sf[i + 7]);
+      pa[s][2] = to_e4m3x4(sf[i + 8], sf[i + 9], sf[i + 12], sf[i + 13]);
+      pa[s][3] = to_e4m3x4(sf[i + 10], sf[i + 11], sf[i + 14], sf[i + 15]);
+    }
+
+    // O_blk = P V
+    mbar_wait(&full_v[st], ph);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < BK / 32; ++s) wgmma_e4m3_rs<D>(blk, pa[s], dv + 2 * s, s);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
+#pragma unroll
+    for (int s = 0; s < BK / 32; ++s)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[st]);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
+  }
+
+  // epilogue: 1/l, V scale, store; LSE
+  const float* vsc = p.v_scale + bhk * D;
+  OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+  const bool pairs = p.d_out == D && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
+                     reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float lt = warp_sum_quad(l[hr]);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const int row = row_w + g + 8 * hr;
+    if (row >= p.nq) continue;
+    if (p.lse && t == 0) {
+      float val = lt > 0.f ? (m[hr] + __log2f(lt) - OFF) * kLn2 : -INFINITY;
+      if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
+      p.lse[bh * p.nq + row] = val;
+    }
+    OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = 8 * j + 2 * t;
+      const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
+      const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
+      if (pairs) {
+        *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
+      } else {
+        if (col < p.d_out) orow[col] = from_float<OutT>(v0);
+        if (col + 1 < p.d_out) orow[col + 1] = from_float<OutT>(v1);
+      }
+    }
+  }
+}
+
+// Host side (attn_sm90_host.cu): the tensor maps of one call.
+cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, Sm90Args& a);
+
+template <int D>
+cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
+  using S = Sm90Shape<D>;
+  Sm90Args a;
+  a.p = p;
+  cudaError_t err = sm90_make_maps(p, D, a);
+  if (err != cudaSuccess) return err;
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, __nv_bfloat16> : attn_sm90_kernel<D, __half>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(p.nq_pad / S::kBQ, p.heads_q, p.batch);
+  kernel<<<grid, S::kThreads, S::kSmem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace sage

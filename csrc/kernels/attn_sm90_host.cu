@@ -1,0 +1,70 @@
+// Host side of the Hopper kernel: TMA tensor maps (encoded through the driver entry point
+// the runtime hands out, so nothing links libcuda directly) and the head-dim dispatch.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "attn_sm90.cuh"
+
+namespace sage {
+
+// instantiated in attn_sm90_d{64,128}.cu
+extern template cudaError_t attn_sm90_d<64>(const AttnParams&, cudaStream_t);
+extern template cudaError_t attn_sm90_d<128>(const AttnParams&, cudaStream_t);
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    return (err == cudaSuccess && q == cudaDriverEntryPointSuccess) ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
+                                                                      : nullptr;
+  }();
+  return fn;
+}
+
+// A row-major byte matrix [rows, cols] read in boxes of [box_rows, box_cols] bytes.
+bool encode_2d(CUtensorMap* m, const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows, uint32_t box_cols,
+               CUtensorMapSwizzle swizzle) {
+  const auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+cudaError_t sm90_make_maps(const AttnParams& p, int d, Sm90Args& a) {
+  const CUtensorMapSwizzle qk_swizzle = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const uint64_t q_rows = static_cast<uint64_t>(p.batch) * p.heads_q * p.nq_pad;
+  const uint64_t kv_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * p.nk_pad;
+  const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * d;
+  const bool ok = encode_2d(&a.tq, p.q, q_rows, d, 128, d, qk_swizzle) &&
+                  encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK, d, qk_swizzle) &&
+                  encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+  return ok ? cudaSuccess : cudaErrorNotSupported;
+}
+
+cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
+  if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
+      p.nq_pad % 128 != 0)
+    return cudaErrorInvalidValue;
+  if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;
+  switch (head_dim) {
+    case 64: return attn_sm90_d<64>(p, stream);
+    case 128: return attn_sm90_d<128>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace sage

@@ -25,7 +25,9 @@ OPS = (
 NS = (64, 128)
 
 
-def wrapper(name, k, ctype, cons, types, a_regs, imm, n):
+def wrapper(name, k, ctype, cons, types, a_regs, imm, n, zero=False):
+    """zero=True: the variant that overwrites D (scale-d false) and does not read it, so
+    the compiler need not keep D's old values alive."""
     nacc = n // 2
     acc = ", ".join(f"%{i}" for i in range(nacc))
     if a_regs:
@@ -39,14 +41,16 @@ def wrapper(name, k, ctype, cons, types, a_regs, imm, n):
         a_in = '"l"(desc_a), '
         a_param = "uint64_t desc_a"
     b, scale = f"%{nxt}", f"%{nxt + 1}"
-    outs = ",\n        ".join(", ".join(f'"+{cons}"(d[{j}])' for j in range(i, min(i + 8, nacc))) for i in range(0, nacc, 8))
+    mode = "=" if zero else "+"
+    outs = ",\n        ".join(", ".join(f'"{mode}{cons}"(d[{j}])' for j in range(i, min(i + 8, nacc))) for i in range(0, nacc, 8))
+    fname, acc_param, acc_in = (f"{name}_zero", "", '"n"(0)') if zero else (name, ", int accumulate", '"r"(accumulate)')
     return f'''template <>
-__device__ __forceinline__ void {name}<{n}>({ctype} (&d)[{nacc}], {a_param}, uint64_t desc_b, int accumulate) {{
+__device__ __forceinline__ void {fname}<{n}>({ctype} (&d)[{nacc}], {a_param}, uint64_t desc_b{acc_param}) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k{k}.{types} {{{acc}}}, {a}, {b}, p{imm};\\n}}\\n"
       : {outs}
-      : {a_in}"l"(desc_b), "r"(accumulate));
+      : {a_in}"l"(desc_b), {acc_in});
 }}
 '''
 
@@ -63,8 +67,11 @@ def render() -> str:
         a_param = "const uint32_t (&a)[4]" if a_regs else "uint64_t desc_a"
         parts.append(f"template <int N>\n__device__ __forceinline__ void {name}({ctype} (&d)[N / 2], {a_param}, "
                      "uint64_t desc_b, int accumulate);\n")
+        parts.append(f"template <int N>\n__device__ __forceinline__ void {name}_zero({ctype} (&d)[N / 2], {a_param}, "
+                     "uint64_t desc_b);\n")
         for n in NS:
             parts.append(wrapper(name, k, ctype, cons, types, a_regs, imm, n))
+            parts.append(wrapper(name, k, ctype, cons, types, a_regs, imm, n, zero=True))
         parts.append("\n")
     parts.append("}  // namespace sage\n")
     return "".join(parts)

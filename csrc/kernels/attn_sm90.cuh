@@ -10,6 +10,9 @@
 //     operand of O_blk = P V (wgmma e4m3, fp32), then O = O * alpha + O_blk (two-level
 //     accumulation: the tensor core sums only 128 keys in its reduced-precision fp8
 //     accumulator). The V scale and 1/l are applied in the epilogue.
+//     Overlap: the PV product of tile kb-1 is issued right after QK^T of tile kb and runs
+//     during tile kb's softmax; and the two consumers alternate their GEMM issue (ping-pong)
+//     so that one's softmax hides behind the other's tensor-core work.
 // setmaxnreg moves registers from the producer (which needs few) to the consumers.
 //
 // Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and
@@ -32,7 +35,7 @@ struct Sm90Args {
 template <int D>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128, "native head dims");
-  static constexpr int kBQ = 128, kBK = kSm90BlockK, kStages = 2, kThreads = 384;
+  static constexpr int kBQ = 128, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 384;
   static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
   static constexpr int kOffK = kQBytes;
@@ -98,144 +101,174 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         tma_load_2d(smem + S::kOffV + st * S::kVBytes, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
       }
     }
-    return;
-  }
+  } else {
+    // ---------------- consumers ----------------
+    regs_alloc<240>();
+    const int cw = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t = lane & 3;
+    const int row_w = q0 + cw * 64 + warp * 16;  // first query row of this warp
+    const int nwb = p.nq_pad / kAttnWarpQ;
+    const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
+    const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * p.k_groups + (p.k_groups == 4 ? t : 0);
+    const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + cw * 64 * D));
 
-  // ---------------- consumers ----------------
-  regs_alloc<240>();
-  const int cw = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t = lane & 3;
-  const int row_w = q0 + cw * 64 + warp * 16;  // first query row of this warp
-  const int nwb = p.nq_pad / kAttnWarpQ;
-  const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
-  const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * p.k_groups + (p.k_groups == 4 ? t : 0);
-  const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + cw * 64 * D));
+    float o[D / 2];
+    float blk[D / 2];    // PV of one tile (written by the tensor cores)
+    int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+    uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
 
-  float o[D / 2];
-  float blk[D / 2];
-  int32_t sacc[NACC];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f, blk[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < NACC; ++i) sacc[i] = 0;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    // Ping-pong: the two consumers take turns issuing their GEMMs (named barriers 1 and 2),
+    // so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
+    // A turn issues PV of tile kb-1 and then QK^T of tile kb; the PV result is folded into O
+    // while QK^T still runs. The last turn is the PV of the last tile. Consumer 0 goes first;
+    // consumer 1 leaves out its final hand-over so every barrier phase completes.
+    // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
+    // once: more than the 240 registers a consumer thread has.)
+    const int my_turn = 1 + cw, other_turn = 2 - cw;
+    if (cw == 1) named_bar_arrive<256>(1);
 
-  mbar_wait(bar_q, 0);
-  for (int kb = 0; kb < nkb; ++kb) {
-    const int st = kb % ST, ph = (kb / ST) & 1;
-    const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
-    const uint64_t dv = kmajor_desc<128>(smem_addr(smem + S::kOffV + st * S::kVBytes));
-
-    // S = Q K^T
-    mbar_wait(&full_k[st], ph);
+    // O = O * alpha + P V for tile `tile`, issued inside a turn; waits for nothing.
+    auto issue_pv = [&](int tile) {
+      const int pst = tile % ST;
+      const uint64_t dv = kmajor_desc<128>(smem_addr(smem + S::kOffV + pst * S::kVBytes));
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks) wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, ks);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
-
-    // dequantize (int32 -> fp32 exactly via the 1.5 * 2^23 trick: |S| < 2^22), mask, online softmax
-    const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * p.k_groups];
-    const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * p.k_groups];
-    const bool masked = (kb + 1) * BK > p.nk || (p.causal && (kb + 1) * BK - 1 > row_w);
-    float sf[NACC];
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) {
-      const int j = i / 4;
-      float x = (__int_as_float(sacc[i] + 0x4B400000) - 12582912.f) * (j < BK / 16 ? f0 : f1);
-      if (masked) {
-        const int col = kb * BK + 8 * j + 2 * t + (i & 1);
-        const int row = row_w + g + 8 * ((i >> 1) & 1);
-        if (col >= p.nk || (p.causal && col > row)) x = -INFINITY;
+      for (int s = 0; s < BK / 32; ++s) {
+        if (s == 0) wgmma_e4m3_rs_zero<D>(blk, pa[s], dv);
+        else wgmma_e4m3_rs<D>(blk, pa[s], dv + 2 * s, 1);
       }
-      sf[i] = x;
+      wgmma_commit();
+    };
+    auto finish_pv = [&](int tile) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
+#pragma unroll
+      for (int s = 0; s < BK / 32; ++s)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[tile % ST]);  // K and V of this stage are consumed
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
+    };
+
+    mbar_wait(bar_q, 0);
+    for (int kb = 0; kb < nkb; ++kb) {
+      const int st = kb % ST, ph = (kb / ST) & 1;
+      const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
+      mbar_wait(&full_k[st], ph);
+      if (kb > 0) mbar_wait(&full_v[(kb - 1) % ST], ((kb - 1) / ST) & 1);
+
+      named_bar_sync<256>(my_turn);
+      wgmma_fence();
+      if (kb > 0) issue_pv(kb - 1);
+#pragma unroll
+      for (int ks = 0; ks < D / 32; ++ks) {
+        if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, dq, dk);
+        else wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, 1);
+      }
+      wgmma_commit();
+      named_bar_arrive<256>(other_turn);
+
+      // groups complete in order: first the previous tile's PV, folded in while QK^T runs
+      if (kb > 0) {
+        wgmma_wait<1>();
+        finish_pv(kb - 1);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
+
+      // dequantize (int32 -> fp32 exactly via the 1.5 * 2^23 trick: |S| < 2^22), mask, online softmax
+      const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * p.k_groups];
+      const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * p.k_groups];
+      const bool masked = (kb + 1) * BK > p.nk || (p.causal && (kb + 1) * BK - 1 > row_w);
+      float sf[NACC];
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) {
+        const int j = i / 4;
+        float x = (__int_as_float(sacc[i] + 0x4B400000) - 12582912.f) * (j < BK / 16 ? f0 : f1);
+        if (masked) {
+          const int col = kb * BK + 8 * j + 2 * t + (i & 1);
+          const int row = row_w + g + 8 * ((i >> 1) & 1);
+          if (col >= p.nk || (p.causal && col > row)) x = -INFINITY;
+        }
+        sf[i] = x;
+      }
+      float alpha_new[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j) mx = fmaxf(mx, fmaxf(sf[4 * j + 2 * hr], sf[4 * j + 2 * hr + 1]));
+        mx = warp_max_quad(mx);
+        const float m_new = fmaxf(m[hr], mx);
+        alpha_new[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
+        const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
+        m[hr] = m_new;
+        float rs = 0.f;
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+          for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+            const float pe = ex2(sf[4 * j + e] - mo);
+            sf[4 * j + e] = pe;
+            rs += pe;
+          }
+        l[hr] = l[hr] * alpha_new[hr] + rs;
+      }
+
+      // P of this tile as e4m3 A fragments (k order of the permuted V^T rows)
+#pragma unroll
+      for (int s = 0; s < BK / 32; ++s) {
+        const int i = 16 * s;
+        pa[s][0] = to_e4m3x4(sf[i + 0], sf[i + 1], sf[i + 4], sf[i + 5]);
+        pa[s][1] = to_e4m3x4(sf[i + 2], sf[i + 3], sf[i + 6], sf[i + 7]);
+        pa[s][2] = to_e4m3x4(sf[i + 8], sf[i + 9], sf[i + 12], sf[i + 13]);
+        pa[s][3] = to_e4m3x4(sf[i + 10], sf[i + 11], sf[i + 14], sf[i + 15]);
+      }
+      alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
     }
-    float alpha[2];
+    // the last turn: PV of the last tile
+    if (nkb > 0) {
+      mbar_wait(&full_v[(nkb - 1) % ST], ((nkb - 1) / ST) & 1);
+      named_bar_sync<256>(my_turn);
+      wgmma_fence();
+      issue_pv(nkb - 1);
+      if (cw == 0) named_bar_arrive<256>(other_turn);
+      wgmma_wait<0>();
+      finish_pv(nkb - 1);
+    }
+
+    // epilogue: 1/l, V scale, store; LSE
+    const float* vsc = p.v_scale + bhk * D;
+    OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+    const bool pairs = p.d_out == D && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
+                       reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      float mx = -INFINITY;
+      const float lt = warp_sum_quad(l[hr]);
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+      const int row = row_w + g + 8 * hr;
+      if (row >= p.nq) continue;
+      if (p.lse && t == 0) {
+        float val = lt > 0.f ? (m[hr] + __log2f(lt) - OFF) * kLn2 : -INFINITY;
+        if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
+        p.lse[bh * p.nq + row] = val;
+      }
+      OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
-      for (int j = 0; j < BK / 8; ++j) mx = fmaxf(mx, fmaxf(sf[4 * j + 2 * hr], sf[4 * j + 2 * hr + 1]));
-      mx = warp_max_quad(mx);
-      const float m_new = fmaxf(m[hr], mx);
-      alpha[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
-      const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
-      m[hr] = m_new;
-      float rs = 0.f;
-#pragma unroll
-      for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-        for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-          const float pe = ex2(sf[4 * j + e] - mo);
-          sf[4 * j + e] = pe;
-          rs += pe;
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
+        const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
+        if (pairs) {
+          *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
+        } else {
+          if (col < p.d_out) orow[col] = from_float<OutT>(v0);
+          if (col + 1 < p.d_out) orow[col + 1] = from_float<OutT>(v1);
         }
-      l[hr] = l[hr] * alpha[hr] + rs;
-    }
-
-    // P as e4m3 A fragments: k step s covers keys 32s..32s+31 (n8 chunks 4s..4s+3), in the
-    // k order of the permuted V^T rows
-    uint32_t pa[BK / 32][4];
-#pragma unroll
-    for (int s = 0; s < BK / 32; ++s) {
-      const int i = 16 * s;
-      pa[s][0] = to_e4m3x4(sf[i + 0], sf[i + 1], sf[i + 4], sf[i + 5]);
-      pa[s][1] = to_e4m3x4(sf[i + 2], sf[i + 3], sf[i + 6], sf[i + 7]);
-      pa[s][2] = to_e4m3x4(sf[i + 8], sf[i + 9], sf[i + 12], sf[i + 13]);
-      pa[s][3] = to_e4m3x4(sf[i + 10], sf[i + 11], sf[i + 14], sf[i + 15]);
-    }
-
-    // O_blk = P V
-    mbar_wait(&full_v[st], ph);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < BK / 32; ++s) wgmma_e4m3_rs<D>(blk, pa[s], dv + 2 * s, s);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
-#pragma unroll
-    for (int s = 0; s < BK / 32; ++s)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[st]);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
-  }
-
-  // epilogue: 1/l, V scale, store; LSE
-  const float* vsc = p.v_scale + bhk * D;
-  OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-  const bool pairs = p.d_out == D && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
-                     reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const float lt = warp_sum_quad(l[hr]);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-    const int row = row_w + g + 8 * hr;
-    if (row >= p.nq) continue;
-    if (p.lse && t == 0) {
-      float val = lt > 0.f ? (m[hr] + __log2f(lt) - OFF) * kLn2 : -INFINITY;
-      if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
-      p.lse[bh * p.nq + row] = val;
-    }
-    OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int col = 8 * j + 2 * t;
-      const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
-      const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
-      if (pairs) {
-        *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
-      } else {
-        if (col < p.d_out) orow[col] = from_float<OutT>(v0);
-        if (col + 1 < p.d_out) orow[col + 1] = from_float<OutT>(v1);
       }
     }
   }

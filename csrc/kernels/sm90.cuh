@@ -74,6 +74,16 @@ __device__ __forceinline__ uint64_t kmajor_desc(uint32_t saddr) {
   return d;
 }
 
+// ---- named barriers (id 0 is __syncthreads) ----
+template <int THREADS>
+__device__ __forceinline__ void named_bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+template <int THREADS>
+__device__ __forceinline__ void named_bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+}
+
 // ---- register reallocation between warpgroups ----
 template <int R>
 __device__ __forceinline__ void regs_dealloc() {

@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   constexpr int ST = S::kStages, BK = S::kBK;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
+  constexpr float kMagic = 12582912.f;                 // 1.5 * 2^23
   const AttnParams& p = a.p;
 
   extern __shared__ uint8_t smem_raw[];
@@ -108,7 +109,9 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     const int row_w = q0 + cw * 64 + warp * 16;  // first query row of this warp
     const int nwb = p.nq_pad / kAttnWarpQ;
     const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
-    const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * p.k_groups + (p.k_groups == 4 ? t : 0);
+    const int k_groups = p.k_groups, nk = p.nk;
+    const bool causal = p.causal != 0;
+    const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
     const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + cw * 64 * D));
 
     float o[D / 2];
@@ -171,49 +174,53 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       wgmma_commit();
       named_bar_arrive<256>(other_turn);
 
-      // groups complete in order: first the previous tile's PV, folded in while QK^T runs
-      if (kb > 0) {
-        wgmma_wait<1>();
-        finish_pv(kb - 1);
-      }
+      // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
+      // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
+      if (kb > 0) finish_pv(kb - 1);
 
-      // dequantize (int32 -> fp32 exactly via the 1.5 * 2^23 trick: |S| < 2^22), mask, online softmax
-      const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * p.k_groups];
-      const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * p.k_groups];
-      const bool masked = (kb + 1) * BK > p.nk || (p.causal && (kb + 1) * BK - 1 > row_w);
-      float sf[NACC];
+      // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
+      // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
+      // maximum is taken on it, and one FFMA gives the log2-domain score minus the running
+      // maximum: b * f - (1.5*2^23 * f + m). f = q scale * k scale differs between the two
+      // 64-key halves of the tile (K scales come per 64 keys).
+      const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * k_groups];
+      const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * k_groups];
+      float xb[NACC];
 #pragma unroll
-      for (int i = 0; i < NACC; ++i) {
-        const int j = i / 4;
-        float x = (__int_as_float(sacc[i] + 0x4B400000) - 12582912.f) * (j < BK / 16 ? f0 : f1);
-        if (masked) {
-          const int col = kb * BK + 8 * j + 2 * t + (i & 1);
+      for (int i = 0; i < NACC; ++i) xb[i] = __int_as_float(sacc[i] + 0x4B400000);
+      if ((kb + 1) * BK > nk || (causal && (kb + 1) * BK - 1 > row_w)) {
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) {
+          const int col = kb * BK + 8 * (i / 4) + 2 * t + (i & 1);
           const int row = row_w + g + 8 * ((i >> 1) & 1);
-          if (col >= p.nk || (p.causal && col > row)) x = -INFINITY;
+          if (col >= nk || (causal && col > row)) xb[i] = -INFINITY;
         }
-        sf[i] = x;
       }
       float alpha_new[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;
+        float b0 = -INFINITY, b1 = -INFINITY;  // maxima of the two halves, as offset floats
 #pragma unroll
-        for (int j = 0; j < BK / 8; ++j) mx = fmaxf(mx, fmaxf(sf[4 * j + 2 * hr], sf[4 * j + 2 * hr + 1]));
-        mx = warp_max_quad(mx);
+        for (int j = 0; j < BK / 16; ++j) b0 = fmaxf(b0, fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+#pragma unroll
+        for (int j = BK / 16; j < BK / 8; ++j) b1 = fmaxf(b1, fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+        const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
+                                             b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
         const float m_new = fmaxf(m[hr], mx);
         alpha_new[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
         const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
         m[hr] = m_new;
+        const float c0 = -fmaf(kMagic, f0, mo), c1 = -fmaf(kMagic, f1, mo);
         float rs = 0.f;
 #pragma unroll
         for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
           for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-            const float pe = ex2(sf[4 * j + e] - mo);
-            sf[4 * j + e] = pe;
+            const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? c0 : c1));
+            xb[4 * j + e] = pe;
             rs += pe;
           }
         l[hr] = l[hr] * alpha_new[hr] + rs;
@@ -223,10 +230,10 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 #pragma unroll
       for (int s = 0; s < BK / 32; ++s) {
         const int i = 16 * s;
-        pa[s][0] = to_e4m3x4(sf[i + 0], sf[i + 1], sf[i + 4], sf[i + 5]);
-        pa[s][1] = to_e4m3x4(sf[i + 2], sf[i + 3], sf[i + 6], sf[i + 7]);
-        pa[s][2] = to_e4m3x4(sf[i + 8], sf[i + 9], sf[i + 12], sf[i + 13]);
-        pa[s][3] = to_e4m3x4(sf[i + 10], sf[i + 11], sf[i + 14], sf[i + 15]);
+        pa[s][0] = to_e4m3x4(xb[i + 0], xb[i + 1], xb[i + 4], xb[i + 5]);
+        pa[s][1] = to_e4m3x4(xb[i + 2], xb[i + 3], xb[i + 6], xb[i + 7]);
+        pa[s][2] = to_e4m3x4(xb[i + 8], xb[i + 9], xb[i + 12], xb[i + 13]);
+        pa[s][3] = to_e4m3x4(xb[i + 10], xb[i + 11], xb[i + 14], xb[i + 15]);
       }
       alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
     }

@@ -45,6 +45,8 @@ def main():
         "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c),
         "triton": lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=c),
     }
+    if "cuda_sm90" in sa.available_backends():
+        funcs["cuda_sm90"] = lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)
     rows = []
     for d in (64, 128):
         for causal in (False, True):

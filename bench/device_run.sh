@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: build the CUDA extensions in place, run the GPU tests, the sanitizers
 # and the benchmark; logs under $OUT (default ./device-out). Steps are chosen with
-# STEPS="build cuda gpu bench sanitize" (default: all). Used through the `device` tool:
+# STEPS="build cuda gpu bench sanitize" (default: all); SAN_ARGS limits the sanitizer cases
+# to some backends (e.g. "cuda_sm90"). Used through the `device` tool:
 #   SAGEATTN_COMMIT=<commit of this tree> bash bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,9 +46,9 @@ fi
 if has sanitize; then
   stamp sanitizers
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  timeout ${SAN_TIMEOUT:-300} "$CS" --tool memcheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/memcheck.log" 2>&1 &
+  timeout ${SAN_TIMEOUT:-300} "$CS" --tool memcheck --error-exitcode 9 python scripts/sanitize_cases.py ${SAN_ARGS:-} >"$OUT/memcheck.log" 2>&1 &
   p1=$!
-  timeout ${SAN_TIMEOUT:-300} "$CS" --tool racecheck --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/racecheck.log" 2>&1 &
+  timeout ${SAN_TIMEOUT:-300} "$CS" --tool racecheck --error-exitcode 9 python scripts/sanitize_cases.py ${SAN_ARGS:-} >"$OUT/racecheck.log" 2>&1 &
   p2=$!
   wait $p1; r1=$?; wait $p2; r2=$?
   echo "memcheck exit $r1, racecheck exit $r2"; tail -n 4 "$OUT/memcheck.log" "$OUT/racecheck.log"

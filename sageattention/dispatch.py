@@ -49,18 +49,19 @@ class Choice:
 _FP16 = Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"})
 _FP8_SM89 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"})
 _FP8_SM120 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"})
+_SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"})
 _TRITON = Choice("triton")
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
-#: sm90: Triton measured 2x faster than the mma.sync kernels on an H100 (bench/NOTES.md); the
-#: wgmma kernel (cuda_sm90) is meant to replace both.
+#: sm90: the wgmma kernel (cuda_sm90); without it Triton, which an H100 runs 2x faster than
+#: the mma.sync kernels (bench/NOTES.md).
 PREFERENCE: Dict[Tuple[int, int], Tuple[Choice, ...]] = {
     (8, 0): (_FP16, _TRITON),
     (8, 6): (_FP16, _TRITON),
     (8, 7): (_FP16, _TRITON),
     (8, 9): (_FP8_SM89, _TRITON),
-    (9, 0): (_TRITON, _FP16),
+    (9, 0): (_SM90, _TRITON, _FP16),
     (12, 0): (_FP8_SM120, _TRITON),
     (12, 1): (_FP8_SM120, _TRITON),
 }

@@ -202,11 +202,18 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       float alpha_new[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float b0 = -INFINITY, b1 = -INFINITY;  // maxima of the two halves, as offset floats
+        // maxima of the two halves (as offset floats); four independent chains each, so a
+        // lone warp is not held up by one long dependency chain
+        float mb[2][4];
 #pragma unroll
-        for (int j = 0; j < BK / 16; ++j) b0 = fmaxf(b0, fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+        for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-        for (int j = BK / 16; j < BK / 8; ++j) b1 = fmaxf(b1, fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+          for (int c = 0; c < 4; ++c) mb[hf][c] = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BK / 8; ++j)
+          mb[j / (BK / 16)][j % 4] = fmaxf(mb[j / (BK / 16)][j % 4], fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+        const float b0 = fmaxf(fmaxf(mb[0][0], mb[0][1]), fmaxf(mb[0][2], mb[0][3]));
+        const float b1 = fmaxf(fmaxf(mb[1][0], mb[1][1]), fmaxf(mb[1][2], mb[1][3]));
         const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
                                              b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
         const float m_new = fmaxf(m[hr], mx);
@@ -214,16 +221,16 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
         m[hr] = m_new;
         const float c0 = -fmaf(kMagic, f0, mo), c1 = -fmaf(kMagic, f1, mo);
-        float rs = 0.f;
+        float rs[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
           for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
             const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? c0 : c1));
             xb[4 * j + e] = pe;
-            rs += pe;
+            rs[j % 4] += pe;
           }
-        l[hr] = l[hr] * alpha_new[hr] + rs;
+        l[hr] = l[hr] * alpha_new[hr] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
       }
 
       // P of this tile as e4m3 A fragments (k order of the permuted V^T rows)

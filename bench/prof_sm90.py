@@ -1,0 +1,4 @@
+import torch, sageattention as sa
+q,k,v=(torch.randn(1,16,16384,128,device="cuda",dtype=torch.bfloat16) for _ in range(3))
+for _ in range(2): sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q,k,v)
+torch.cuda.synchronize()

@@ -1,3 +1,6 @@
+"""A small workload for profiling the Hopper kernel under ncu on the device:
+    ncu -k regex:attn_sm90 -c 1 --section WarpStateStats python bench/prof_sm90.py
+"""
 import torch, sageattention as sa
 q,k,v=(torch.randn(1,16,16384,128,device="cuda",dtype=torch.bfloat16) for _ in range(3))
 for _ in range(2): sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q,k,v)

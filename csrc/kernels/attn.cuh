@@ -287,8 +287,7 @@ __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
   const float* vsc = S::kFp8 ? p.v_scale + bhk * D : nullptr;
   const float* vmn = p.v_mean ? p.v_mean + bhk * D : nullptr;
   OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-  const bool pairs = p.d_out == D && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
-                     reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
+  const bool pairs = out_pairs_ok(p, D);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -297,11 +296,7 @@ __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
       const int row = row0 + mt * 16 + g + 8 * hr;
       if (row >= p.nq) continue;
-      if (p.lse && t == 0) {
-        float val = lt > 0.f ? (m[mt][hr] + __log2f(lt) - OFF) * kLn2 : -INFINITY;
-        if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
-        p.lse[bh * p.nq + row] = val;
-      }
+      if (p.lse && t == 0) write_lse(p, bh, row, m[mt][hr], lt, OFF);
       OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
@@ -309,12 +304,7 @@ __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
         float v0 = o[mt][n][2 * hr] * inv, v1 = o[mt][n][2 * hr + 1] * inv;
         if (vsc) v0 *= vsc[col], v1 *= vsc[col + 1];
         if (vmn) v0 += vmn[col], v1 += vmn[col + 1];
-        if (pairs) {
-          *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
-        } else {
-          if (col < p.d_out) orow[col] = from_float<OutT>(v0);
-          if (col + 1 < p.d_out) orow[col + 1] = from_float<OutT>(v1);
-        }
+        store_out2(orow, col, v0, v1, pairs, p.d_out);
       }
     }
 }

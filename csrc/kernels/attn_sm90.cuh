@@ -258,31 +258,21 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     // epilogue: 1/l, V scale, store; LSE
     const float* vsc = p.v_scale + bhk * D;
     OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-    const bool pairs = p.d_out == D && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
-                       reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
+    const bool pairs = out_pairs_ok(p, D);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float lt = warp_sum_quad(l[hr]);
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
       const int row = row_w + g + 8 * hr;
       if (row >= p.nq) continue;
-      if (p.lse && t == 0) {
-        float val = lt > 0.f ? (m[hr] + __log2f(lt) - OFF) * kLn2 : -INFINITY;
-        if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
-        p.lse[bh * p.nq + row] = val;
-      }
+      if (p.lse && t == 0) write_lse(p, bh, row, m[hr], lt, OFF);
       OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
         const int col = 8 * j + 2 * t;
         const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
         const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
-        if (pairs) {
-          *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
-        } else {
-          if (col < p.d_out) orow[col] = from_float<OutT>(v0);
-          if (col + 1 < p.d_out) orow[col + 1] = from_float<OutT>(v1);
-        }
+        store_out2(orow, col, v0, v1, pairs, p.d_out);
       }
     }
   }

@@ -42,4 +42,31 @@ __device__ __forceinline__ float warp_sum_quad(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// ---- attention epilogue, shared by the mma.sync and the wgmma kernels ----
+
+// Whether two adjacent output elements of a row can be written with one 4-byte store.
+__device__ __forceinline__ bool out_pairs_ok(const AttnParams& p, int head_dim) {
+  return p.d_out == head_dim && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
+}
+
+// Writes the natural-log LSE of one query row from its base-2 running maximum `m` and sum
+// `l` (P was computed as 2^(s - m + off)), plus the K-smoothing correction when present.
+__device__ __forceinline__ void write_lse(const AttnParams& p, int64_t bh, int row, float m, float l, float off) {
+  float val = l > 0.f ? (m + __log2f(l) - off) * kLn2 : -INFINITY;
+  if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
+  p.lse[bh * p.nq + row] = val;
+}
+
+// Stores output columns col and col + 1 of one row (those below d_out when not `pairs`).
+template <typename OutT>
+__device__ __forceinline__ void store_out2(OutT* orow, int col, float v0, float v1, bool pairs, int d_out) {
+  if (pairs) {
+    *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
+  } else {
+    if (col < d_out) orow[col] = from_float<OutT>(v0);
+    if (col + 1 < d_out) orow[col + 1] = from_float<OutT>(v1);
+  }
+}
+
 }  // namespace sage

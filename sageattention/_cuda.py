@@ -36,6 +36,17 @@ def _fp8(module: str) -> bool:
     return module.endswith(("sm89", "sm90"))
 
 
+def kernel_module(module: str, head_dim: int) -> str:
+    """The extension that runs ``module``'s function at ``head_dim``."""
+    return SM90_WIDE_FALLBACK if module == SM90 and head_dim > 128 else module
+
+
+def kv_block(module: str) -> int:
+    """Keys per tile of the module's attention kernel: the padding of K/V and the block of
+    its online softmax."""
+    return SM90_BLOCK_K if module == SM90 else BLOCK_K
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b) * b
 
@@ -100,15 +111,14 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
             qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool):
     """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``."""
     d = q.shape[3]
-    if module == SM90 and d > 128:
-        module = SM90_WIDE_FALLBACK
+    module = kernel_module(module, d)
     require(fn, module)
     op = ops(module)
     nhd = tensor_layout == "NHD"
     qh, kh, vh = (t.transpose(1, 2) if nhd else t for t in (q, k, v))
     nq, nk = qh.shape[2], kh.shape[2]
     dp = padded_head_dim(d)
-    nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, SM90_BLOCK_K if module == SM90 else BLOCK_K)
+    nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, kv_block(module))
     per_thread = qk_quant_gran == "per_thread"
     q_groups, k_groups = (8, 4) if per_thread else (1, 1)
 
@@ -135,8 +145,7 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
     """The :class:`~sageattention.reference.QuantConfig` of what these kernels compute."""
     from .reference import FP8_E4M3_MAX, QuantConfig
 
-    if module == SM90 and head_dim > 128:
-        module = SM90_WIDE_FALLBACK
+    module = kernel_module(module, head_dim)
     fp8 = _fp8(module)
     if fp8:
         pv = "fp8"
@@ -146,7 +155,7 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         pv = "bf16" if dtype == torch.bfloat16 else "fp16"
     return QuantConfig(
         qk_gran=qk_quant_gran, blk_q=BLOCK_Q, warp_q=WARP_Q, blk_k=BLOCK_K, warp_k=BLOCK_K,
-        block_n=SM90_BLOCK_K if module == SM90 else BLOCK_K,
+        block_n=kv_block(module),
         pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
     )

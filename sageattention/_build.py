@@ -13,6 +13,9 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+# this module imports nothing but the standard library at the top (torch only inside check()),
+# so the build scripts can load it from the source tree before torch is installed
+
 try:
     from ._build_info import BUILD
 except ImportError:  # a source checkout / editable install: nothing was compiled into a wheel
@@ -35,9 +38,13 @@ def has_kernels(build: Optional[dict] = BUILD) -> bool:
 
 
 def variant(torch_version: str, cuda_version: Optional[str]) -> str:
-    """The wheel index folder for a torch and CUDA: 'torch2.11-cu130'."""
-    cuda = (cuda_version or "").replace(".", "")[:3] if cuda_version else "cpu"
-    return f"torch{_minor(torch_version)}-cu{cuda}" if cuda_version else f"torch{_minor(torch_version)}-cpu"
+    """The wheel index folder (and build matrix row id) for a torch and a CUDA:
+    2.11.0+cu130 and 13.0 give 'torch2.11-cu130'. The one definition: scripts/matrix.py and
+    scripts/make_index.py load this file for it."""
+    if not cuda_version:
+        return f"torch{_minor(torch_version)}-cpu"
+    major, minor = _minor(cuda_version).split(".")
+    return f"torch{_minor(torch_version)}-cu{major}{minor}"
 
 
 def mismatch(torch_version: str, torch_cuda: Optional[str], build: Optional[dict] = BUILD) -> Optional[str]:

@@ -29,6 +29,9 @@ from typing import Dict, List, Optional
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import matrix  # noqa: E402
+
 
 def variant_of(filename: str) -> str:
     """'sageattention-2.2.0-2110.130-cp310-abi3-....whl' -> 'torch2.11-cu130'."""
@@ -36,11 +39,12 @@ def variant_of(filename: str) -> str:
     if not build:
         raise ValueError(f"{filename}: no build tag, so no torch/CUDA variant")
     torch_digits, cuda_digits = str(build[0]), build[1].lstrip(".")
-    # torch digits: major, minor (one or two digits), patch (one digit): 260, 2110
-    major, minor = torch_digits[0], torch_digits[1:-1]
-    if not cuda_digits.isdigit() or not minor:
+    # the build tag is matrix.build_tag(): torch major, minor, patch (one digit) . CUDA major, minor
+    if len(torch_digits) < 3 or len(cuda_digits) < 2 or not cuda_digits.isdigit():
         raise ValueError(f"{filename}: build tag {build[0]}{build[1]} is not <torch>.<cuda>")
-    return f"torch{major}.{minor}-cu{cuda_digits}"
+    torch = f"{torch_digits[0]}.{torch_digits[1:-1]}.{torch_digits[-1]}"
+    cuda = f"{cuda_digits[:-1]}.{cuda_digits[-1]}"
+    return matrix.variant(torch, cuda)
 
 
 def sha256(path: str) -> str:

@@ -15,6 +15,7 @@ Needs only the standard library (tomli on Python 3.10).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -61,10 +62,16 @@ def build_tag(torch_version: str, cuda_version: str) -> str:
     return f"{digits(torch_version, 3)}.{digits(cuda_version, 2)}"
 
 
-def variant(torch_version: str, cuda_version: str) -> str:
-    """The row id / index folder: torch 2.11.x and CUDA 13.0 give 'torch2.11-cu130'."""
-    major, minor = re.match(r"^(\d+)\.(\d+)", torch_version).groups()
-    return f"torch{major}.{minor}-cu{digits(cuda_version, 2)}"
+def _load_build_module():
+    """sageattention/_build.py from the source tree, without importing the package (which
+    needs torch): it defines the variant name the installed package prints in its messages."""
+    spec = importlib.util.spec_from_file_location("_sage_build", os.path.join(ROOT, "sageattention", "_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+variant = _load_build_module().variant  # 'torch2.11-cu130': row id and index folder
 
 
 def _python_range(spec: str) -> List[str]:

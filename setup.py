@@ -107,12 +107,11 @@ def check_row(torch, nvcc_version):
     import matrix
 
     row = matrix.current_row()
-    have = (torch.__version__.split("+")[0], torch.version.cuda, "%d.%d" % nvcc_version)
-    if have != (row.torch_version, row.cuda, row.cuda):
+    differs = row.env_mismatch(torch.__version__, torch.version.cuda, "%d.%d" % nvcc_version)
+    if differs:
         raise RuntimeError(
-            f"build env does not match matrix row {row.id}: it has torch {torch.__version__} "
-            f"(CUDA {torch.version.cuda}) and nvcc {have[2]}; the row wants torch {row.torch_version} "
-            f"and CUDA {row.cuda}. Run scripts/setup_torch.py and scripts/setup_cuda.py for the row"
+            f"build env does not match matrix row {row.id}: it has {differs}. "
+            "Run scripts/setup_torch.py and scripts/setup_cuda.py for the row"
         )
 
 

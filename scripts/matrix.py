@@ -98,6 +98,18 @@ class Row:
     def build_tag(self) -> str:
         return build_tag(self.torch_version, self.cuda)
 
+    def env_mismatch(self, torch_version: str, torch_cuda: Optional[str], nvcc: Optional[str] = None) -> Optional[str]:
+        """None when a build env (its torch, torch's CUDA, and nvcc when given) is this row's;
+        else what differs. setup_torch.py, setup.py and the repair hook all ask this."""
+        diffs = []
+        if torch_version.split("+")[0] != self.torch_version:
+            diffs.append(f"torch {torch_version}, not {self.torch_version}")
+        if (torch_cuda or "") != self.cuda:
+            diffs.append(f"torch's CUDA {torch_cuda or 'none'}, not {self.cuda}")
+        if nvcc is not None and nvcc != self.cuda:
+            diffs.append(f"nvcc {nvcc}, not {self.cuda}")
+        return "; ".join(diffs) or None
+
     def torch_source(self, platform: str) -> str:
         """'pypi' when PyPI's torch for this platform is built with this row's CUDA, else the
         PyTorch index URL for the row's CUDA."""

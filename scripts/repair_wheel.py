@@ -168,7 +168,7 @@ def torch_in_env() -> Dict[str, str]:
 def repair(wheel: str, dest_dir: str, row: matrix.Row, platform: str, env: Dict[str, str]) -> str:
     t = torch_in_env()
     have = matrix.build_tag(t["version"], t["cuda"]) if t["cuda"] else f"{t['version']} (CPU)"
-    if have != row.build_tag:
+    if row.env_mismatch(t["version"], t["cuda"]):
         raise RepairError(f"build env has torch {t['version']} with CUDA {t['cuda'] or 'none'} ({have}); "
                           f"matrix row {row.id} is {row.build_tag}: refusing to tag this wheel")
     info = read_dist_info(wheel)["build_info"]

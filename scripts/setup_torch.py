@@ -45,7 +45,7 @@ def installed(python: str = sys.executable) -> Tuple[str, str]:
 
 
 def check(row: matrix.Row, version: str, cuda: str) -> None:
-    if version.split("+")[0] != row.torch_version or cuda != row.cuda:
+    if row.env_mismatch(version, cuda):
         raise SetupError(
             f"row {row.id} needs torch {row.torch_version} built with CUDA {row.cuda}; the installed torch is "
             f"{version} with CUDA {cuda or 'none'}. Check [torch.\"{row.torch}\"] pypi in cibuildwheel.toml "

@@ -215,6 +215,13 @@ def test_setup_torch_command_per_source():
         setup_torch.check(row, "2.11.0+cu128", "12.8")
 
 
+def test_env_mismatch_names_each_difference():
+    row = M.row("torch2.11-cu130")
+    assert row.env_mismatch("2.11.0+cu130", "13.0", "13.0") is None
+    assert row.env_mismatch("2.11.0+cu130", "13.0", "12.8") == "nvcc 12.8, not 13.0"
+    assert row.env_mismatch("2.13.0+cpu", None) == "torch 2.13.0+cpu, not 2.11.0; torch's CUDA none, not 13.0"
+
+
 # --- build environment ---------------------------------------------------------------------
 
 def test_parallelism_fits_cores_and_memory():

@@ -126,10 +126,7 @@ class Job:
     row: Row
     platform: str
     python: str  # "3.10": the Python the wheel is built under
-
-    @property
-    def identifier(self) -> str:
-        return Matrix.load().platform(self.platform)["identifier"].format(py=self.python.replace(".", ""))
+    identifier: str  # cibuildwheel's build identifier, "cp310-manylinux_x86_64"
 
 
 class Matrix:
@@ -218,7 +215,11 @@ class Matrix:
             rows = [r for r in self.rows if python in r.pythons]
         else:
             raise MatrixError(f"unknown profile {profile!r}; profiles: {', '.join(self.profile_names())}")
-        return [Job(r, p, python or r.pythons[0]) for r in rows for p in platforms if p in r.platforms]
+        return [self.job(r, p, python or r.pythons[0]) for r in rows for p in platforms if p in r.platforms]
+
+    def job(self, row: Row, platform: str, python: str) -> Job:
+        ident = self.platform(platform)["identifier"].format(py=python.replace(".", ""))
+        return Job(row, platform, python, ident)
 
     def default_row(self) -> Row:
         return self.by_id[self.named_profiles["default"][0]]
@@ -311,7 +312,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             python = args.python or row.pythons[0]
             if python not in row.pythons:
                 raise MatrixError(f"row {row.id} supports Python {row.pythons[0]}-{row.pythons[-1]}, not {python}")
-            for k, v in job_env(Job(row, args.platform, python), args.cache_dir).items():
+            for k, v in job_env(m.job(row, args.platform, python), args.cache_dir).items():
                 print(f"{k}={v}")
         elif args.cmd == "tag":
             print(build_tag(args.torch, args.cuda))

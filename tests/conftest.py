@@ -14,17 +14,33 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+BLACKWELL = ((10, 0), (12, 0), (12, 1))  # the archs of sageattention3_blackwell's kernels
+
+
+def _blackwell_skip_reason():
+    if not HAS_CUDA:
+        return "Blackwell kernel test: no CUDA GPU visible on this machine"
+    cap = torch.cuda.get_device_capability()
+    if cap not in BLACKWELL:
+        return (f"Blackwell kernel test: needs sm_100/sm_120/sm_121, this GPU ({torch.cuda.get_device_name()}) "
+                f"is sm_{cap[0]}{cap[1]}")
+    return None
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason without one)")
+    config.addinivalue_line("markers", "blackwell: needs a Blackwell GPU (skipped with a reason without one)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="GPU test: no CUDA GPU visible on this machine")
+    skip_gpu = None if HAS_CUDA else pytest.mark.skip(reason="GPU test: no CUDA GPU visible on this machine")
+    why = _blackwell_skip_reason()
+    skip_bw = pytest.mark.skip(reason=why) if why else None
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if skip_bw and "blackwell" in item.keywords:
+            item.add_marker(skip_bw)
+        elif skip_gpu and "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
 
 
 @pytest.fixture

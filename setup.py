@@ -1,13 +1,16 @@
 """Build script: the optional CUDA extensions.
 
-Three extensions, each compiled only for the archs its instructions exist on
+Six extensions, each compiled only for the archs its instructions exist on
 (scripts/cuda_archs.py, FAMILIES):
 
 - ``sageattention._qattn_sm80``: INT8 QK^T + fp16/bf16 PV on mma.sync (sm80 and newer);
 - ``sageattention._qattn_sm89``: INT8 QK^T + fp8 PV on mma.sync (sm89 and newer; its
   fp16-accumulating fp8 MMA needs nvcc 12.8);
 - ``sageattention._qattn_sm90``: INT8 QK^T + fp8 PV on wgmma with TMA, for sm_90a only (the
-  Hopper kernel; arch-specific code runs on no other GPU).
+  Hopper kernel; arch-specific code runs on no other GPU);
+- ``sageattention3_blackwell._fp4_quant`` (every arch), ``._fp4_sm100`` (sm_100a) and
+  ``._fp4_sm120`` (sm_120a, sm_121a): the FP4 microscaling attention of the second package in
+  this wheel, built when nvcc >= 12.8.
 
 Each holds the fused quantization kernels and register torch custom ops (TORCH_LIBRARY, no
 pybind11), built against the Python limited API: one abi3 wheel serves every Python >= 3.10.
@@ -81,7 +84,7 @@ def extensions():
         defines = [f"-DSAGE_EXT={family.ext}", f"-DSAGE_OPS={family.ops}"] + [f"-D{d}" for d in family.defines]
         exts.append(
             cpp_extension.CUDAExtension(
-                name=f"sageattention.{family.ext}",
+                name=family.module,
                 sources=family.sources(),
                 py_limited_api=True,
                 extra_compile_args={
@@ -92,7 +95,7 @@ def extensions():
                 },
             )
         )
-        built[family.ext] = [f"sm_{a.sm}{family.arch_suffix}" + ("+PTX" if a.ptx else "") for a in family_archs]
+        built[family.build_key] = [f"sm_{a.sm}{family.arch_suffix}" + ("+PTX" if a.ptx else "") for a in family_archs]
     info = {
         "torch": torch.__version__.split("+")[0],
         "cuda": torch.version.cuda,

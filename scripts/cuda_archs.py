@@ -52,13 +52,25 @@ class Family:
     why: str
     max_arch: Optional[Tuple[int, int]] = None  # arch-specific code: built for no newer arch
     arch_suffix: str = ""  # "a": the arch-specific target (sm_90a), which wgmma/setmaxnreg need
+    package: str = "sageattention"  # the Python package the extension module lives in
+    binding: str = "csrc/binding/ops.cpp"
+
+    @property
+    def module(self) -> str:
+        return f"{self.package}.{self.ext}"
+
+    @property
+    def build_key(self) -> str:
+        """Its key in the build info (sageattention/_build_info.py): the bare name inside
+        sageattention, the dotted module path for another package."""
+        return self.ext if self.package == "sageattention" else self.module
 
     def gencode(self, archs: Sequence["Arch"]) -> List[str]:
         return gencode_flags(archs, self.arch_suffix)
 
     def sources(self, with_binding: bool = True) -> List[str]:
         files = [f"{KERNELS}/{f}" for f in self.kernel_files]
-        return (["csrc/binding/ops.cpp"] if with_binding else []) + files
+        return ([self.binding] if with_binding else []) + files
 
 
 FAMILIES: Tuple[Family, ...] = (
@@ -90,6 +102,45 @@ FAMILIES: Tuple[Family, ...] = (
         why="wgmma with fp8 operands and TMA for sm_90a",
         max_arch=(9, 0),
         arch_suffix="a",
+    ),
+    # sageattention3_blackwell (FP4 microscaling attention): built into the same wheel when the
+    # nvcc has the Blackwell instructions (12.8) and the arch list holds 10.0 or 12.x
+    Family(
+        ext="_fp4_quant",
+        ops="sageattn3_fp4",
+        min_arch=(8, 0),
+        min_nvcc=(12, 8),
+        kernel_files=("quant_fp4.cu",),
+        defines=("SAGE_FP4_QUANT",),
+        why="FP4 quantization for the Blackwell kernels (plain arithmetic: it runs, and is tested, on any GPU)",
+        package="sageattention3_blackwell",
+        binding="csrc/binding/ops_fp4.cpp",
+    ),
+    Family(
+        ext="_fp4_sm100",
+        ops="sageattn3_sm100",
+        min_arch=(10, 0),
+        min_nvcc=(12, 8),
+        kernel_files=("attn_fp4_sm100.cu",),
+        defines=("SAGE_FP4_SM100",),
+        why="tcgen05 block-scaled FP4 MMA and tensor memory of sm_100a, PTX ISA 8.7 (nvcc 12.8)",
+        max_arch=(10, 0),
+        arch_suffix="a",
+        package="sageattention3_blackwell",
+        binding="csrc/binding/ops_fp4.cpp",
+    ),
+    Family(
+        ext="_fp4_sm120",
+        ops="sageattn3_sm120",
+        min_arch=(12, 0),
+        min_nvcc=(12, 8),
+        kernel_files=("attn_fp4_sm120.cu",),
+        defines=("SAGE_FP4_SM120",),
+        why="warp-level block-scaled FP4 MMA (mma.sync kind::mxf4nvf4) of sm_120a, PTX ISA 8.7 (nvcc 12.8)",
+        max_arch=(12, 1),
+        arch_suffix="a",
+        package="sageattention3_blackwell",
+        binding="csrc/binding/ops_fp4.cpp",
     ),
 )
 

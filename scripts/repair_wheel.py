@@ -138,9 +138,10 @@ def check_wheel(path: str, row: Optional[matrix.Row] = None, platform: Optional[
                                             for p in LINUX_EXCLUDE + WINDOWS_EXCLUDE)]
     if bundled:
         problems.append(f"{fname}: holds torch or CUDA libraries: {bundled}")
-    for ext in info["archs"]:
-        if not any(n.startswith(f"{PROJECT}/{ext}.") for n in d["names"]):
-            problems.append(f"{fname}: build info lists {ext}, but the wheel has no {PROJECT}/{ext}.* module")
+    for ext in info["archs"]:  # "_qattn_sm80" inside sageattention, or "pkg._module"
+        path = ext.replace(".", "/") if "." in ext else f"{PROJECT}/{ext}"
+        if not any(n.startswith(f"{path}.") for n in d["names"]):
+            problems.append(f"{fname}: build info lists {ext}, but the wheel has no {path}.* module")
     if row is not None:
         if tag != row.build_tag:
             problems.append(f"{fname}: built against torch {info['torch']} + CUDA {info['cuda']} ({tag}); row {row.id} is {row.build_tag}")

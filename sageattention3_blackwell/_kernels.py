@@ -39,12 +39,23 @@ def available(module: str) -> Tuple[bool, str]:
     return status(module)
 
 
+@torch.compiler.assume_constant_result
+def load(module: str) -> bool:
+    """Import ``module`` (registering its ops) and the ops' fake implementations, once; a
+    constant for torch.compile."""
+    return _load(module)
+
+
 @functools.lru_cache(maxsize=None)
-def ops(module: str):
+def _load(module: str) -> bool:
     importlib.import_module(module)
-    ns = NAMESPACES[module]
-    _register_fakes(ns)
-    return getattr(torch.ops, ns)
+    _register_fakes(NAMESPACES[module])
+    return True
+
+
+def ops(module: str):
+    load(module)
+    return getattr(torch.ops, NAMESPACES[module])
 
 
 def _register_fakes(ns: str) -> None:

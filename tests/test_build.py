@@ -38,6 +38,24 @@ def test_each_extension_gets_only_its_archs():
     assert ca.for_family(fams["_qattn_sm90"], ca.parse("8.9;12.0"), (13, 0)) == []
 
 
+def test_blackwell_families_get_their_archs_with_nvcc_12_8():
+    fams = {f.ext: f for f in ca.FAMILIES}
+    archs = ca.parse("8.0;8.6;8.9;9.0;10.0;12.0;12.1")
+    assert [a.version for a in ca.for_family(fams["_fp4_sm100"], archs, (13, 0))] == ["10.0"]
+    assert [a.version for a in ca.for_family(fams["_fp4_sm120"], archs, (13, 0))] == ["12.0", "12.1"]
+    assert len(ca.for_family(fams["_fp4_quant"], archs, (13, 0))) == 7  # plain arithmetic: every arch
+    assert fams["_fp4_sm120"].gencode(ca.parse("12.0")) == ["-gencode=arch=compute_120a,code=sm_120a"]
+    assert fams["_fp4_sm100"].gencode(ca.parse("10.0")) == ["-gencode=arch=compute_100a,code=sm_100a"]
+    # a row without 10.0/12.x gets the quantization only; a CUDA 12.6 row gets none of the three
+    assert ca.for_family(fams["_fp4_sm100"], ca.parse("8.0;9.0"), (13, 0)) == []
+    for ext in ("_fp4_quant", "_fp4_sm100", "_fp4_sm120"):
+        assert ca.for_family(fams[ext], ca.parse("8.0;9.0"), (12, 6)) == []
+        assert "needs nvcc >= 12.8" in ca.skip_reason(fams[ext], (12, 6))
+        assert fams[ext].module == f"sageattention3_blackwell.{ext}" == fams[ext].build_key
+        assert fams[ext].sources()[0] == "csrc/binding/ops_fp4.cpp"
+    assert fams["_qattn_sm80"].build_key == "_qattn_sm80" and fams["_qattn_sm80"].module == "sageattention._qattn_sm80"
+
+
 def test_old_nvcc_skips_a_family_but_refuses_an_arch():
     fp8 = next(f for f in ca.FAMILIES if f.ext == "_qattn_sm89")
     # nvcc 12.6 has no fp16-accumulating fp8 MMA: the fp8 extension is not built, and says why

@@ -234,6 +234,16 @@ def test_quant_kernel_matches_the_emulation_bit_for_bit(n, d, dtype, nhd, per_bl
 
 
 @pytest.mark.gpu
+def test_quantization_traces_under_torch_compile():
+    kern = _quant_module()
+    q, k, v = (t.cuda() for t in _qkv(d=128, n=300))
+    eager = kern.quantize_qkv(q, k, v, True)
+    compiled = torch.compile(kern.quantize_qkv, fullgraph=True)(q, k, v, True)
+    for a, b in zip(torch.utils._pytree.tree_leaves(eager), torch.utils._pytree.tree_leaves(compiled)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_emulation_accuracy_on_the_gpu(d, causal):

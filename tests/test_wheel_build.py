@@ -302,7 +302,8 @@ def make_wheel(folder, tag="2110.130", plat="manylinux_2_28_x86_64", torch="2.11
         meta["Requires-Dist"] = requires
     files = {"sageattention/__init__.py": "",
              "sageattention/_build_info.py": f"BUILD = {dict(torch=torch, cuda=cuda, archs=archs)!r}\n"}
-    files.update({f"sageattention/{ext}.abi3.so": "" for ext in archs})
+    files.update({(ext.replace(".", "/") if "." in ext else f"sageattention/{ext}") + ".abi3.so": ""
+                  for ext in archs})
     files.update({n: "" for n in extra})
     files.update({f"{dist}/WHEEL": wheel.as_string(), f"{dist}/METADATA": meta.as_string()})
     record = []
@@ -319,8 +320,22 @@ def make_wheel(folder, tag="2110.130", plat="manylinux_2_28_x86_64", torch="2.11
 
 def test_check_wheel_accepts_a_right_wheel(tmp_path):
     row = M.row("torch2.11-cu130")
-    archs = {"_qattn_sm80": [f"sm_{a.replace('.', '')}" for a in row.archs.split(";")], "_qattn_sm90": ["sm_90a"]}
+    archs = {"_qattn_sm80": [f"sm_{a.replace('.', '')}" for a in row.archs.split(";")], "_qattn_sm90": ["sm_90a"],
+             "sageattention3_blackwell._fp4_sm120": ["sm_120a", "sm_121a"]}
     assert repair_wheel.check_wheel(make_wheel(str(tmp_path), archs=archs), row, "linux") == []
+
+
+def test_check_wheel_finds_a_module_of_the_second_package_missing(tmp_path):
+    archs = {"_qattn_sm80": ["sm_80"], "sageattention3_blackwell._fp4_sm100": ["sm_100a"]}
+    path = make_wheel(str(tmp_path), archs=archs)
+    with zipfile.ZipFile(path) as z:  # the same wheel without the FP4 module
+        names = [n for n in z.namelist() if "_fp4_sm100" not in n]
+        data = {n: z.read(n) for n in names}
+    with zipfile.ZipFile(path, "w") as z:
+        for n, b in data.items():
+            z.writestr(n, b)
+    problems = repair_wheel.check_wheel(path, None, "linux")
+    assert any("no sageattention3_blackwell/_fp4_sm100.* module" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("kwargs,problem", [

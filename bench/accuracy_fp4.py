@@ -24,8 +24,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from bench.bench import commit  # noqa: E402
+from bench import commit  # noqa: E402  (bench/bench.py)
 from sageattention.reference import error_metrics  # noqa: E402
 from sageattention3_blackwell import emulation  # noqa: E402
 

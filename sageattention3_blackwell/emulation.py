@@ -30,6 +30,10 @@ E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 P_MAX = E2M1_MAX * E4M3_MAX  # 2688
 LOG2E = 1.4426950408889634
+# fp32 constants of the format; they multiply (fp4.h): torch's CUDA division by a Python
+# scalar is a multiplication by its reciprocal, so a division here would not match the kernels
+INV_P_MAX = torch.tensor(1.0 / P_MAX, dtype=torch.float32).item()
+INV_E2M1_MAX = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32).item()
 
 # E2M1 magnitudes by code; the tie points between neighbours and which side each tie takes
 # (round to nearest even code): 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4
@@ -81,17 +85,21 @@ class Fp4Tensor:
             self.scale.to(torch.float8_e4m3fn).view(torch.uint8).contiguous()
 
 
+def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
 def quantize(x: torch.Tensor, gscale: Optional[torch.Tensor] = None) -> Fp4Tensor:
     """Quantize fp32 ``x`` along its last dim (a multiple of 16). ``gscale`` (one per row) is
-    amax(row) / 2688 unless given (P uses 1)."""
+    amax(row) * (1/2688) unless given (P uses 1)."""
     if x.shape[-1] % GROUP:
         raise ValueError(f"quantize: last dim must be a multiple of {GROUP}, got {x.shape[-1]}")
     x = x.float()
     if gscale is None:
         amax = x.abs().amax(dim=-1)
-        gscale = torch.where(amax > 0, amax / P_MAX, torch.ones_like(amax))
+        gscale = torch.where(amax > 0, amax * _f32(INV_P_MAX, x), torch.ones_like(amax))
     groups = x.unflatten(-1, (-1, GROUP))
-    t = groups.abs().amax(dim=-1) / gscale.unsqueeze(-1) / E2M1_MAX
+    t = (groups.abs().amax(dim=-1) / gscale.unsqueeze(-1)) * _f32(INV_E2M1_MAX, x)
     scale = e4m3_round_up(t)
     denom = (scale * gscale.unsqueeze(-1)).unsqueeze(-1)
     r = torch.where(denom > 0, groups / denom, torch.zeros_like(groups))

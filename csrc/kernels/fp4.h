@@ -11,11 +11,14 @@
 //   scale   uint8 E4M3 (fn), one per 16 consecutive elements along the reduction axis
 //   gscale  fp32, one per row (Q, K: per token) or per channel (V)
 // and an element is  e2m1(code) * e4m3(scale) * gscale.
-//   gscale = amax(row) / 2688 (2688 = 6 * 448; 1 for an all-zero row), so that the group
+//   gscale = amax(row) * (1/2688) (2688 = 6 * 448; 1 for an all-zero row), so that the group
 //   holding the row's maximum gets the largest E4M3 scale: no E4M3 underflow or overflow
 //   whatever the input's magnitude.
-//   scale  = the smallest E4M3 value >= min(amax(group) / gscale / 6, 448) ("round up": a
-//            group's values never saturate)
+//   scale  = the smallest E4M3 value >= min((amax(group) / gscale) * (1/6), 448) ("round up":
+//            a group's values do not saturate)
+//   The constants 1/2688 and 1/6 are fp32 values and multiply; the two divisions (by gscale
+//   and by scale * gscale) are IEEE divisions: so the emulation (torch, whose CUDA division by
+//   a scalar is a multiplication by its reciprocal) and the kernels agree bit for bit.
 //   code   = E2M1 round-to-nearest-even of x / (scale * gscale), saturating at +-6 (0 when
 //            scale is 0).
 // Q is smoothed per block of kFp4BlockQ rows (x - mean of its block), K per head (x - mean
@@ -47,6 +50,8 @@ constexpr int kFp4BlockQ = 128;  // query rows per CTA, and the Q-smoothing bloc
 constexpr int kFp4BlockK = 128;  // keys per tile: the online-softmax block and the K/V padding
 constexpr int kFp4Group = 16;    // elements per E4M3 scale
 constexpr float kFp4PMax = 2688.f;  // 6 * 448
+constexpr float kFp4InvPMax = 1.f / 2688.f;  // fp32 constants of the format (see above)
+constexpr float kFp4InvE2M1Max = 1.f / 6.f;
 
 // Quantize Q or K ([B, H, N, D] -> codes [B, H, n_pad, d_pad/2], scale [B, H, n_pad, d_pad/16],
 // gscale [B, H, n_pad]) or, with `transpose`, V ([B, H, N, D] -> codes [B, H, d_pad, n_pad/2],

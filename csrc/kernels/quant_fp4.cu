@@ -16,7 +16,7 @@ __device__ __forceinline__ void store_codes(uint8_t* dst, const float (&x)[16], 
   uint32_t w[2] = {0u, 0u};
   if (denom > 0.f) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) w[i / 8] |= fp4::e2m1_code(x[i] / denom) << (4 * (i % 8));
+    for (int i = 0; i < 16; ++i) w[i / 8] |= fp4::e2m1_code(__fdiv_rn(x[i], denom)) << (4 * (i % 8));
   }
   *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
 }
@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kThreads) quant_rows_kernel(QuantFp4Params p) 
   float amax = amax_g;
 #pragma unroll
   for (int off = 1; off < kGroups; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float g = amax > 0.f ? amax / kFp4PMax : 1.f;
-  const float s = fp4::e4m3_round_up(amax_g / g / 6.f);
+  const float g = amax > 0.f ? amax * kFp4InvPMax : 1.f;
+  const float s = fp4::e4m3_round_up(__fdiv_rn(amax_g, g) * kFp4InvE2M1Max);
   store_codes(p.codes + out_row * (p.d_pad / 2) + col0 / 2, x, s * g);
   p.scale[out_row * kGroups + grp] = static_cast<uint8_t>(fp4::e4m3_byte(s));
   if (grp == 0) p.gscale[out_row] = g;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) quant_v_kernel(QuantFp4Params p) {
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kLanes; ++i) amax = fmaxf(amax, red[i][threadIdx.x % kCh]);
-  const float g = amax > 0.f ? amax / kFp4PMax : 1.f;
+  const float g = amax > 0.f ? amax * kFp4InvPMax : 1.f;
   if (c >= p.d_pad) return;
   const int64_t out_row = static_cast<int64_t>(bh) * p.d_pad + c;
   if (lane == 0) p.gscale[out_row] = g;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) quant_v_kernel(QuantFp4Params p) {
       const int n = grp * kFp4Group + i;
       x[i] = (real && n < p.in.n) ? to_float(src[n * p.in.stride_n]) : 0.f;
     }
-    const float s = fp4::e4m3_round_up(group_amax(x) / g / 6.f);
+    const float s = fp4::e4m3_round_up(__fdiv_rn(group_amax(x), g) * kFp4InvE2M1Max);
     store_codes(p.codes + out_row * (p.n_pad / 2) + grp * (kFp4Group / 2), x, s * g);
     p.scale[out_row * groups + grp] = static_cast<uint8_t>(fp4::e4m3_byte(s));
   }

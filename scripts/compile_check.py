@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_archs  # noqa: E402
 
-ALL_ARCHS = "8.0;8.6;8.9;9.0;10.0;12.0"
+ALL_ARCHS = "8.0;8.6;8.9;9.0;10.0;12.0;12.1"
 
 
 def jobs_for(archs, nvcc):

@@ -32,11 +32,14 @@
 //   m_i     running max of t over the tiles so far (a row with no key yet uses 0 as max)
 //   p_ij    = exp2(t_ij - m_i);  l_i = l_i * exp2(m_old - m_i) + sum_j p_ij   (fp32, unquantized)
 //   P quantization (two-level): p~ = 2688 * p in [0, 2688]; per 16 consecutive keys
-//             (aligned to multiples of 16) the E4M3 scale = round-up(max p~ / 6) and the
+//             (aligned to multiples of 16) the E4M3 scale = round-up(max p~ * (1/6)) and the
 //             E2M1 codes of p~ / scale, as above with gscale = 1
 //   o_i     = o_i * exp2(m_old - m_i) + sum_j P^_ij V^_jd  (fp32; V^ without its gscale)
 //   out_id  = o_id * gv_d / (2688 * l_i)   (0 when l_i == 0)
-//   lse_i   = (m_i + log2(l_i)) * ln(2)    (-inf when l_i == 0), natural log of sum exp(sm_scale*S)
+//   lse_i   = (m_i + log2(l_i)) * ln(2)    (-inf when l_i == 0): the LSE of the smoothed scores
+//             t / log2(e); the caller adds what K smoothing removed (sm_scale * q_i . mean_k)
+// Output strides are in elements. Causal is top-left aligned (query i sees keys j <= i), as
+// torch's SDPA with is_causal=True.
 #pragma once
 
 #include <cstdint>

@@ -33,6 +33,21 @@ def main() -> None:
         print(f"sageattn uses {dispatch.choose(dev).backend}")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
+    print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")
+
+
+def fp4_status(cap) -> str:
+    """Whether sageattention3_blackwell's kernels can run on a GPU of compute capability ``cap``."""
+    from sageattention3_blackwell import _kernels
+
+    module = _kernels.attention_module(cap)
+    if module is None:
+        return f"not for sm{cap[0]}{cap[1]}: its kernels are for sm100/sm120/sm121 (emulation.attention runs anywhere)"
+    for m in (_kernels.QUANT, module):
+        ok, why = _kernels.available(m)
+        if not ok:
+            return f"unavailable: {why}"
+    return f"available ({module})"
 
 
 if __name__ == "__main__":

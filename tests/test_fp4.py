@@ -267,3 +267,13 @@ def test_non_blackwell_gpu_gets_a_clear_error():
     q, k, v = (t.cuda() for t in _qkv())
     with pytest.raises(api.UnsupportedDeviceError, match="compute capability .* need Blackwell"):
         sa3.sageattn3_blackwell(q, k, v)
+
+
+def test_python_m_sageattention_reports_the_fp4_kernels():
+    from sageattention.__main__ import fp4_status
+    from sageattention3_blackwell import _kernels
+
+    assert fp4_status((9, 0)).startswith("not for sm90")
+    built = all(_kernels.available(m)[0] for m in (_kernels.QUANT, _kernels.SM120))
+    assert fp4_status((12, 0)) == ("available (sageattention3_blackwell._fp4_sm120)" if built else fp4_status((12, 0)))
+    assert fp4_status((12, 0)).startswith("available" if built else "unavailable: ")

@@ -260,21 +260,6 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Eight non-negative floats (element order 0..7) -> eight E2M1 codes, element 0 in the low nibble.
-// cvt.rn.satfinite.e2m1x2.f32 d, a, b puts a in d[7:4] and b in d[3:0] (round to nearest even,
-// saturating at 6), the rounding of fp4::e2m1_code.
-__device__ __forceinline__ uint32_t e2m1x8(const float (&v)[8]) {
-  uint32_t r;
-  asm("{\n.reg .b8 b0, b1, b2, b3;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b0, %2, %1;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b1, %4, %3;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b2, %6, %5;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b3, %8, %7;\n"
-      "mov.b32 %0, {b0, b1, b2, b3};\n}\n"
-      : "=r"(r)
-      : "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "f"(v[4]), "f"(v[5]), "f"(v[6]), "f"(v[7]));
-  return r;
-}
 // E4M3 bytes of two exactly representable values (lo in the low byte).
 __device__ __forceinline__ uint32_t e4m3x2_bytes(float lo, float hi) {
   uint16_t r;
@@ -532,7 +517,7 @@ __global__ void __launch_bounds__(192, 1) attn_fp4_sm100_kernel(const __grid_con
             float qv[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) qv[e] = sc > 0.f ? __fdiv_rn(pt[8 * h8 + e], sc) : 0.f;
-            codes[(g + gg) * 2 + h8] = e2m1x8(qv);
+            codes[(g + gg) * 2 + h8] = fp4::e2m1x8(qv);
           }
         }
         const uint32_t two = e4m3x2_bytes(scl[0], scl[1]);

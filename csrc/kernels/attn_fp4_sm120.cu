@@ -52,6 +52,7 @@
 
 #include "common.cuh"
 #include "fp4.h"
+#include "fp4_common.cuh"
 
 // The instruction exists on the arch-specific (sm_120a, sm_121a) and family-specific (sm_120f,
 // sm_121f) targets; nvcc 13 defines __CUDA_ARCH_FEAT_SM12x_ALL for the former and
@@ -126,20 +127,6 @@ __device__ __forceinline__ void mma_fp4(float (&d)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(sfa), "r"(sfb));
 }
 
-// Eight floats -> eight E2M1 codes (round to nearest even, saturating at +-6), x[0] in bits 0..3.
-// cvt...e2m1x2 d, a, b puts a in the upper nibble (as cuda_fp4.hpp's __nv_cvt_float2_to_fp4x2).
-__device__ __forceinline__ uint32_t e2m1x8(const float (&x)[8]) {
-  uint32_t r;
-  asm("{\n.reg .b8 b0, b1, b2, b3;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b0, %2, %1;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b1, %4, %3;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b2, %6, %5;\n"
-      "cvt.rn.satfinite.e2m1x2.f32 b3, %8, %7;\n"
-      "mov.b32 %0, {b0, b1, b2, b3};\n}\n"
-      : "=r"(r)
-      : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]), "f"(x[4]), "f"(x[5]), "f"(x[6]), "f"(x[7]));
-  return r;
-}
 
 // The E4M3 byte of the smallest E4M3 value >= min(v, 448), v >= 0 (0 for v <= 0 or NaN): the
 // same value as fp4::e4m3_round_up, without divisions. Monotonic in v.
@@ -411,7 +398,7 @@ __global__ void __launch_bounds__(kFp4Threads, 1) attn_fp4_sm120_kernel(const At
             x[4 * q + 2] = div_corrected(kFp4PMax * s[2 * G + 1][2 * hh], sc, inv);
             x[4 * q + 3] = div_corrected(kFp4PMax * s[2 * G + 1][2 * hh + 1], sc, inv);
           }
-          pw[hh][kc][half] = e2m1x8(x);
+          pw[hh][kc][half] = fp4::e2m1x8(x);
         }
       }
     }

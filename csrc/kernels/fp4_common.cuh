@@ -1,7 +1,6 @@
 // Device helpers of the FP4 format (csrc/kernels/fp4.h): E2M1 and E4M3 encoding, shared by
 // the quantization kernel and the attention kernels. Plain arithmetic, so every arch builds
-// and runs it; the attention kernels may use the hardware conversions of their arch instead
-// (same rounding).
+// and runs it; plus e2m1x8, the hardware conversion (same rounding), on Blackwell targets.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +58,30 @@ __device__ __forceinline__ float e4m3_value(uint32_t b) {
   const float mag = exp == 0 ? man * (1.f / 512.f) : ldexpf(1.f + man * 0.125f, static_cast<int>(exp) - 7);
   return (b & 0x80u) ? -mag : mag;
 }
+
+
+// The hardware E2M1 conversion exists on the Blackwell arch- and family-specific targets.
+#if defined(__CUDA_ARCH__) &&                                                                   \
+    (defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM103_ALL) ||              \
+     defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL) ||              \
+     (defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000))
+#define SAGE_FP4_HW_CVT 1
+// Eight floats -> eight E2M1 codes, element 0 in the low nibble, rounded as e2m1_code.
+// cvt.rn.satfinite.e2m1x2.f32 d, a, b puts a in d[7:4] and b in d[3:0] (cuda_fp4.hpp's
+// __nv_cvt_float2_to_fp4x2 relies on the same order).
+__device__ __forceinline__ uint32_t e2m1x8(const float (&v)[8]) {
+  uint32_t r;
+  asm("{\n.reg .b8 b0, b1, b2, b3;\n"
+      "cvt.rn.satfinite.e2m1x2.f32 b0, %2, %1;\n"
+      "cvt.rn.satfinite.e2m1x2.f32 b1, %4, %3;\n"
+      "cvt.rn.satfinite.e2m1x2.f32 b2, %6, %5;\n"
+      "cvt.rn.satfinite.e2m1x2.f32 b3, %8, %7;\n"
+      "mov.b32 %0, {b0, b1, b2, b3};\n}\n"
+      : "=r"(r)
+      : "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "f"(v[4]), "f"(v[5]), "f"(v[6]), "f"(v[7]));
+  return r;
+}
+#endif
 
 }  // namespace fp4
 }  // namespace sage

@@ -7,12 +7,9 @@ Each step is a torch custom op registered by the extension (``torch.ops.<ns>.qua
 
 from __future__ import annotations
 
-import functools
-import importlib
-
 import torch
 
-from ._ops import require
+from ._ops import ops, register_family, require
 
 LOG2E = 1.4426950408889634
 BLOCK_Q, WARP_Q, BLOCK_K = 128, 16, 64  # csrc/kernels/launch.h
@@ -55,26 +52,6 @@ def padded_head_dim(d: int) -> int:
     return 64 if d <= 64 else 128 if d <= 128 else 256
 
 
-@torch.compiler.assume_constant_result
-def load(module: str) -> bool:
-    """Import ``module`` (registering its ops) and the ops' fake implementations, once; a
-    constant for torch.compile."""
-    return _load(module)
-
-
-@functools.lru_cache(maxsize=None)
-def _load(module: str) -> bool:
-    importlib.import_module(module)
-    _register_fakes(FAMILIES[module])
-    return True
-
-
-def ops(module: str):
-    """The op namespace of ``module``."""
-    load(module)
-    return getattr(torch.ops, FAMILIES[module])
-
-
 def _register_fakes(ns: str) -> None:
     def quant_int8(x, mean, dot_mean, prescale, block_rows, groups, n_pad, d_pad):
         b, h, n, _ = x.shape
@@ -105,6 +82,10 @@ def _register_fakes(ns: str) -> None:
         return o, lse
 
     torch.library.register_fake(f"{ns}::attn", attn)
+
+
+for _module, _ns in FAMILIES.items():
+    register_family(_module, _ns, _register_fakes)
 
 
 def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-from typing import Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
@@ -51,3 +51,33 @@ def require(function: str, module: str) -> None:
             "fastest kernel present on this GPU (the Triton kernel in this build), or "
             "sageattn_qk_int8_pv_fp16_triton(...) directly"
         )
+
+
+# module -> (its torch op namespace, the function registering that namespace's fake impls)
+_FAMILIES: Dict[str, Tuple[str, Callable[[str], None]]] = {}
+
+
+def register_family(module: str, namespace: str, register_fakes: Callable[[str], None]) -> None:
+    """Declare a compiled module, the op namespace it registers and its fake implementations."""
+    _FAMILIES[module] = (namespace, register_fakes)
+
+
+@torch.compiler.assume_constant_result
+def load(module: str) -> bool:
+    """Import ``module`` (registering its ops) and the ops' fake implementations, once; a
+    constant for torch.compile."""
+    return _load(module)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(module: str) -> bool:
+    importlib.import_module(module)
+    namespace, register_fakes = _FAMILIES[module]
+    register_fakes(namespace)
+    return True
+
+
+def ops(module: str):
+    """The op namespace (``torch.ops.<ns>``) of the registered compiled ``module``, loaded."""
+    load(module)
+    return getattr(torch.ops, _FAMILIES[module][0])

@@ -8,13 +8,11 @@ torch.compile can trace the pipeline.
 
 from __future__ import annotations
 
-import functools
-import importlib
 from typing import Optional, Tuple
 
 import torch
 
-from sageattention._ops import status
+from sageattention._ops import ops, register_family, status
 
 from .emulation import BLOCK_K, BLOCK_Q, GROUP, lse_correction, smoothing_delta, smoothing_means
 
@@ -39,25 +37,6 @@ def available(module: str) -> Tuple[bool, str]:
     return status(module)
 
 
-@torch.compiler.assume_constant_result
-def load(module: str) -> bool:
-    """Import ``module`` (registering its ops) and the ops' fake implementations, once; a
-    constant for torch.compile."""
-    return _load(module)
-
-
-@functools.lru_cache(maxsize=None)
-def _load(module: str) -> bool:
-    importlib.import_module(module)
-    _register_fakes(NAMESPACES[module])
-    return True
-
-
-def ops(module: str):
-    load(module)
-    return getattr(torch.ops, NAMESPACES[module])
-
-
 def _register_fakes(ns: str) -> None:
     lib = getattr(torch.ops, ns)
     if hasattr(lib, "quant_fp4"):
@@ -78,6 +57,10 @@ def _register_fakes(ns: str) -> None:
             return o, q.new_empty((b, h, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
         torch.library.register_fake(f"{ns}::attn", attn)
+
+
+for _module, _ns in NAMESPACES.items():
+    register_family(_module, _ns, _register_fakes)
 
 
 def quantize_qkv(q, k, v, per_block_mean: bool):

@@ -1,0 +1,114 @@
+"""Where the time of one short-sequence call goes (Hopper path), beside SDPA's cuDNN backend.
+
+    python bench/prof_short.py [--n 1024 2048 4096] [--d 128 64]
+
+For each shape it prints, in microseconds:
+  - the end-to-end GPU time (do_bench median) of sageattn, of the sm90 function and of cuDNN;
+  - each stage of the sm90 pipeline alone (do_bench on prepared inputs);
+  - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
+    queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
+A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sageattention as sa  # noqa: E402
+from sageattention import _cuda  # noqa: E402
+
+
+def gpu_us(fn) -> float:
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(do_bench(fn, warmup=25, rep=100, return_mode="median") for _ in range(3))
+
+
+def host_us(fn, calls: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU work queued ahead of the calls
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = getattr(SDPBackend, backend)
+
+    def run(q, k, v):
+        with sdpa_kernel([be]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return run
+
+
+def stages(q, k, v):
+    """The sm90 pipeline of _cuda.forward split into its launches (non-causal, HND)."""
+    mod = _cuda.SM90
+    op = _cuda.ops(mod)
+    d = q.shape[3]
+    dp = _cuda.padded_head_dim(d)
+    nq, nk = q.shape[2], k.shape[2]
+    nq_pad, nk_pad = _cuda._ceil(nq, _cuda.BLOCK_Q), _cuda._ceil(nk, _cuda.SM90_BLOCK_K)
+    scale = d ** -0.5 * _cuda.LOG2E
+    km = k.mean(dim=2, dtype=torch.float32)
+    q8, qs, _ = op.quant_int8(q, None, None, scale, _cuda.WARP_Q, 8, nq_pad, dp)
+    k8, ks, _ = op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp)
+    v8, vs, _ = op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp)
+    return {
+        "k_mean": lambda: k.mean(dim=2, dtype=torch.float32),
+        "quant_q": lambda: op.quant_int8(q, None, None, scale, _cuda.WARP_Q, 8, nq_pad, dp),
+        "quant_k": lambda: op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp),
+        "quant_v": lambda: op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp),
+        "attn": lambda: op.attn(q8, k8, v8, qs, ks, vs, None, None, 8, 4, nq, nk, d, False, 2, False, False,
+                                d ** -0.5, q.dtype),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096])
+    ap.add_argument("--d", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--b", type=int, default=4)
+    ap.add_argument("--h", type=int, default=32)
+    args = ap.parse_args()
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.b} H={args.h} bf16 HND, non-causal")
+    print("| D | N | what | GPU µs | host µs/call | TOPS (GPU) |")
+    print("|---|---|---|---|---|---|")
+    for d in args.d:
+        for n in args.n:
+            q, k, v = (torch.randn(args.b, args.h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            ops = 4 * args.b * args.h * n * n * d
+            rows = {
+                "sageattn": lambda: sa.sageattn(q, k, v),
+                "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
+                "sdpa_cudnn": lambda: sdpa("CUDNN_ATTENTION")(q, k, v),
+                "sdpa_flash": lambda: sdpa("FLASH_ATTENTION")(q, k, v),
+            }
+            rows.update(stages(q, k, v))
+            for name, fn in rows.items():
+                g, hst = gpu_us(fn), host_us(fn)
+                print(f"| {d} | {n} | {name} | {g:.1f} | {hst:.1f} | {ops / g / 1e6:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

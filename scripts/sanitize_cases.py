@@ -1,5 +1,6 @@
 """Run every compiled kernel over the compute-sanitizer case list: D in {64, 128},
-N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA.
+N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
+N=1000 (more work tiles than SMs).
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python scripts/sanitize_cases.py
@@ -37,16 +38,20 @@ def main(argv=None) -> int:
             print(f"skip {backend}: {why}")
             continue
         fn = getattr(sa, dispatch.BACKENDS[backend].function)
-        for d, n, causal in itertools.product((64, 128), (1, 17, 1000, 4097), (False, True)):
+        # (heads_q, heads_kv, N): the case list, plus one with more 128-row work tiles (8 x 40)
+        # than the GPU has SMs, so that a persistent kernel walks several per CTA
+        shapes = [(4, 2, n) for n in (1, 17, 1000, 4097)] + [(40, 8, 1000)]
+        for d, (hq, hk, n), causal in itertools.product((64, 128), shapes, (False, True)):
             g = torch.Generator(device="cuda").manual_seed(n + d)
-            q = torch.randn(1, 4, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-            k = torch.randn(1, 2, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-            v = torch.randn(1, 2, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            k = torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            v = torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
             o, lse = fn(q, k, v, is_causal=causal, return_lse=True, **opts)
             torch.cuda.synchronize()
             fine = bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
             bad += not fine
-            print(f"{backend} {opts} D={d} N={n} causal={causal}: {'ok' if fine else 'NON-FINITE'}", flush=True)
+            print(f"{backend} {opts} D={d} H={hq}/{hk} N={n} causal={causal}: {'ok' if fine else 'NON-FINITE'}",
+                  flush=True)
     return 1 if bad else 0
 
 

@@ -1,9 +1,12 @@
 // Hopper (sm_90a) attention: INT8 QK^T and FP8 e4m3 PV on wgmma, tiles brought in by TMA.
 //
-// A CTA owns 128 query rows and has three warpgroups:
-//   - warpgroup 0, the producer: one thread issues the TMA loads (Q once, then K and V^T
-//     tiles of 128 keys into a kStages-deep ring of shared-memory buffers, each buffer
-//     guarded by "full" mbarriers (bytes landed) and an "empty" mbarrier (consumers done);
+// Persistent: one CTA per SM walks work tiles of 128 query rows (sm90_tile). A CTA has three
+// warpgroups:
+//   - warpgroup 0, the producer: one thread issues the TMA loads (Q of each work tile into
+//     one of two buffers, then K and V^T tiles of 128 keys into a kStages-deep ring of
+//     shared-memory buffers, each buffer guarded by "full" mbarriers (bytes landed) and an
+//     "empty" mbarrier (consumers done). It runs ahead across work tiles, so the loads of
+//     the next tile overlap the last GEMMs and the epilogue of this one;
 //   - warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile: S = Q K^T
 //     (wgmma s8, both operands in shared memory), dequantize with the q and k scales,
 //     online softmax in base 2, P scaled by 448 into e4m3 and kept in registers as the A
@@ -36,17 +39,38 @@ template <int D>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128, "native head dims");
   static constexpr int kBQ = 128, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 384;
+  static constexpr int kQBufs = 2;    // Q of the next work tile lands while this one runs
   static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
-  static constexpr int kOffK = kQBytes;
+  static constexpr int kOffK = kQBufs * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffBar = kOffV + kStages * kVBytes;
-  static constexpr int kBars = 1 + 3 * kStages;
+  static constexpr int kBars = 2 * kQBufs + 3 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
 
+// One work tile: 128 query rows of one (batch, head). Tiles are numbered with the query
+// block fastest, so the CTAs running at one time share a head's K and V in L2; causal
+// tiles of a head go longest first.
+struct Sm90Tile {
+  int q0, h, b, nkb;
+};
+__device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
+  const int ntq = p.nq_pad / 128;
+  const int qi = w % ntq, bh = w / ntq;
+  Sm90Tile t;
+  t.q0 = (p.causal ? ntq - 1 - qi : qi) * 128;
+  t.h = bh % p.heads_q;
+  t.b = bh / p.heads_q;
+  int kv_lim = p.nk;
+  if (p.causal) kv_lim = min(kv_lim, t.q0 + 128);
+  t.nkb = (kv_lim + kSm90BlockK - 1) / kSm90BlockK;  // >= 1: nk > 0
+  return t;
+}
+
+// Persistent: gridDim.x CTAs (one per SM) take work tiles w = blockIdx.x + i * gridDim.x.
 template <int D, typename OutT>
-__global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a) {
+__global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   using S = Sm90Shape<D>;
   constexpr int ST = S::kStages, BK = S::kBK;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
@@ -57,28 +81,24 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kOffBar);
-  uint64_t* bar_q = bars;
-  uint64_t* full_k = bars + 1;
-  uint64_t* full_v = bars + 1 + ST;
-  uint64_t* empty = bars + 1 + 2 * ST;
+  uint64_t* full_q = bars;                    // [kQBufs]
+  uint64_t* empty_q = bars + S::kQBufs;       // [kQBufs]
+  uint64_t* full_k = bars + 2 * S::kQBufs;    // [ST]
+  uint64_t* full_v = full_k + ST;             // [ST]
+  uint64_t* empty = full_v + ST;              // [ST]
 
   const int tid = threadIdx.x, wg = tid / 128;
-  const int bx = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: longest rows first
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int hk = h / (p.heads_q / p.heads_kv);
-  const int q0 = bx * S::kBQ;
-  const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
-  const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + hk;
-  int kv_lim = p.nk;
-  if (p.causal) kv_lim = min(kv_lim, q0 + S::kBQ);
-  const int nkb = (kv_lim + BK - 1) / BK;
+  const int hpk = p.heads_q / p.heads_kv;
 
   if (tid == 0) {
-    mbar_init(bar_q, 1);
+    for (int i = 0; i < S::kQBufs; ++i) {
+      mbar_init(&full_q[i], 1);
+      mbar_init(&empty_q[i], 8);  // one arrival per consumer warp
+    }
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full_k[s], 1);
       mbar_init(&full_v[s], 1);
-      mbar_init(&empty[s], 8);  // one arrival per consumer warp
+      mbar_init(&empty[s], 8);
     }
     mbar_fence_init();
   }
@@ -91,195 +111,222 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       tma_prefetch_desc(&a.tq);
       tma_prefetch_desc(&a.tk);
       tma_prefetch_desc(&a.tv);
-      mbar_expect_tx(bar_q, S::kQBytes);
-      tma_load_2d(smem, &a.tq, 0, static_cast<int>(bh * p.nq_pad + q0), bar_q);
-      for (int kb = 0; kb < nkb; ++kb) {
-        const int st = kb % ST;
-        if (kb >= ST) mbar_wait(&empty[st], ((kb / ST) & 1) ^ 1);
-        mbar_expect_tx(&full_k[st], S::kKBytes);
-        tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
-        mbar_expect_tx(&full_v[st], S::kVBytes);
-        tma_load_2d(smem + S::kOffV + st * S::kVBytes, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
+      int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
+      int it = 0;
+      for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
+        const Sm90Tile tl = sm90_tile(p, w);
+        const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
+        const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
+        const int qb = it % S::kQBufs;
+        if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
+        mbar_expect_tx(&full_q[qb], S::kQBytes);
+        tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
+        for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
+          const int st = c % ST;
+          if (c >= ST) mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
+          mbar_expect_tx(&full_k[st], S::kKBytes);
+          tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
+          mbar_expect_tx(&full_v[st], S::kVBytes);
+          tma_load_2d(smem + S::kOffV + st * S::kVBytes, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
+        }
       }
     }
   } else {
     // ---------------- consumers ----------------
     regs_alloc<240>();
     const int cw = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t = lane & 3;
-    const int row_w = q0 + cw * 64 + warp * 16;  // first query row of this warp
     const int nwb = p.nq_pad / kAttnWarpQ;
-    const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
     const int k_groups = p.k_groups, nk = p.nk;
     const bool causal = p.causal != 0;
-    const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
-    const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + cw * 64 * D));
-
-    float o[D / 2];
-    float blk[D / 2];    // PV of one tile (written by the tensor cores)
-    int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
-    uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
+    const bool pairs = out_pairs_ok(p, D);
 
     // Ping-pong: the two consumers take turns issuing their GEMMs (named barriers 1 and 2),
     // so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
     // A turn issues PV of tile kb-1 and then QK^T of tile kb; the PV result is folded into O
-    // while QK^T still runs. The last turn is the PV of the last tile. Consumer 0 goes first;
-    // consumer 1 leaves out its final hand-over so every barrier phase completes.
+    // while QK^T still runs. The last turn of a work tile is the PV of its last key tile. Both
+    // consumers take nkb + 1 turns per work tile; consumer 0 goes first, and consumer 1 leaves
+    // out its very last hand-over so every barrier phase completes.
     // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
     // once: more than the 240 registers a consumer thread has.)
     const int my_turn = 1 + cw, other_turn = 2 - cw;
     if (cw == 1) named_bar_arrive<256>(1);
 
-    // O = O * alpha + P V for tile `tile`, issued inside a turn; waits for nothing.
-    auto issue_pv = [&](int tile) {
-      const int pst = tile % ST;
-      const uint64_t dv = kmajor_desc<128>(smem_addr(smem + S::kOffV + pst * S::kVBytes));
-#pragma unroll
-      for (int s = 0; s < BK / 32; ++s) {
-        if (s == 0) wgmma_e4m3_rs_zero<D>(blk, pa[s], dv);
-        else wgmma_e4m3_rs<D>(blk, pa[s], dv + 2 * s, 1);
-      }
-      wgmma_commit();
-    };
-    auto finish_pv = [&](int tile) {
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
-#pragma unroll
-      for (int s = 0; s < BK / 32; ++s)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[tile % ST]);  // K and V of this stage are consumed
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
-    };
+    int c = 0;  // K/V tiles consumed so far (the producer's counter)
+    int it = 0;
+    for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
+      const Sm90Tile tl = sm90_tile(p, w);
+      const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
+      const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
+      const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
+      const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
+      const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
+      const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
+      const int qb = it % S::kQBufs;
+      const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
+      const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
 
-    mbar_wait(bar_q, 0);
-    for (int kb = 0; kb < nkb; ++kb) {
-      const int st = kb % ST, ph = (kb / ST) & 1;
-      const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
-      mbar_wait(&full_k[st], ph);
-      if (kb > 0) mbar_wait(&full_v[(kb - 1) % ST], ((kb - 1) / ST) & 1);
+      float o[D / 2];
+      float blk[D / 2];    // PV of one tile (written by the tensor cores)
+      int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+      uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
 
-      named_bar_sync<256>(my_turn);
-      wgmma_fence();
-      if (kb > 0) issue_pv(kb - 1);
+      // O = O * alpha + P V for key tile `kb` (ring slot of c0 + kb), issued inside a turn.
+      auto issue_pv = [&](int kb) {
+        const int pst = (c0 + kb) % ST;
+        const uint64_t dv = kmajor_desc<128>(smem_addr(smem + S::kOffV + pst * S::kVBytes));
 #pragma unroll
-      for (int ks = 0; ks < D / 32; ++ks) {
-        if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, dq, dk);
-        else wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, 1);
-      }
-      wgmma_commit();
-      named_bar_arrive<256>(other_turn);
-
-      // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
-      // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
-      if (kb > 0) finish_pv(kb - 1);
-
-      // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
-      // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
-      // maximum is taken on it, and one FFMA gives the log2-domain score minus the running
-      // maximum: b * f - (1.5*2^23 * f + m). f = q scale * k scale differs between the two
-      // 64-key halves of the tile (K scales come per 64 keys).
-      const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * k_groups];
-      const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * k_groups];
-      float xb[NACC];
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) xb[i] = __int_as_float(sacc[i] + 0x4B400000);
-      if ((kb + 1) * BK > nk || (causal && (kb + 1) * BK - 1 > row_w)) {
-#pragma unroll
-        for (int i = 0; i < NACC; ++i) {
-          const int col = kb * BK + 8 * (i / 4) + 2 * t + (i & 1);
-          const int row = row_w + g + 8 * ((i >> 1) & 1);
-          if (col >= nk || (causal && col > row)) xb[i] = -INFINITY;
+        for (int s = 0; s < BK / 32; ++s) {
+          if (s == 0) wgmma_e4m3_rs_zero<D>(blk, pa[s], dv);
+          else wgmma_e4m3_rs<D>(blk, pa[s], dv + 2 * s, 1);
         }
-      }
-      float alpha_new[2];
+        wgmma_commit();
+      };
+      auto finish_pv = [&](int kb) {
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        // maxima of the two halves (as offset floats); four independent chains each, so a
-        // lone warp is not held up by one long dependency chain
-        float mb[2][4];
+        for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
+        for (int s = 0; s < BK / 32; ++s)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) mb[hf][c] = -INFINITY;
+          for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[(c0 + kb) % ST]);  // K and V of this slot are consumed
 #pragma unroll
-        for (int j = 0; j < BK / 8; ++j)
-          mb[j / (BK / 16)][j % 4] = fmaxf(mb[j / (BK / 16)][j % 4], fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
-        const float b0 = fmaxf(fmaxf(mb[0][0], mb[0][1]), fmaxf(mb[0][2], mb[0][3]));
-        const float b1 = fmaxf(fmaxf(mb[1][0], mb[1][1]), fmaxf(mb[1][2], mb[1][3]));
-        const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
-                                             b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
-        const float m_new = fmaxf(m[hr], mx);
-        alpha_new[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
-        const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
-        m[hr] = m_new;
-        const float c0 = -fmaf(kMagic, f0, mo), c1 = -fmaf(kMagic, f1, mo);
-        float rs[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-          for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-            const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? c0 : c1));
-            xb[4 * j + e] = pe;
-            rs[j % 4] += pe;
-          }
-        l[hr] = l[hr] * alpha_new[hr] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
-      }
+        for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
+      };
 
-      // P of this tile as e4m3 A fragments (k order of the permuted V^T rows)
+      mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
+      for (int kb = 0; kb < nkb; ++kb) {
+        const int st = (c0 + kb) % ST, ph = ((c0 + kb) / ST) & 1;
+        const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
+        mbar_wait(&full_k[st], ph);
+        if (kb > 0) mbar_wait(&full_v[(c0 + kb - 1) % ST], ((c0 + kb - 1) / ST) & 1);
+
+        named_bar_sync<256>(my_turn);
+        wgmma_fence();
+        if (kb > 0) issue_pv(kb - 1);
 #pragma unroll
-      for (int s = 0; s < BK / 32; ++s) {
-        const int i = 16 * s;
-        pa[s][0] = to_e4m3x4(xb[i + 0], xb[i + 1], xb[i + 4], xb[i + 5]);
-        pa[s][1] = to_e4m3x4(xb[i + 2], xb[i + 3], xb[i + 6], xb[i + 7]);
-        pa[s][2] = to_e4m3x4(xb[i + 8], xb[i + 9], xb[i + 12], xb[i + 13]);
-        pa[s][3] = to_e4m3x4(xb[i + 10], xb[i + 11], xb[i + 14], xb[i + 15]);
+        for (int ks = 0; ks < D / 32; ++ks) {
+          if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, dq, dk);
+          else wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, 1);
+        }
+        wgmma_commit();
+        named_bar_arrive<256>(other_turn);
+
+        // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
+        // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
+        if (kb == nkb - 1) {  // Q of this work tile is read for the last time
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty_q[qb]);
+        }
+        if (kb > 0) finish_pv(kb - 1);
+
+        // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
+        // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
+        // maximum is taken on it, and one FFMA gives the log2-domain score minus the running
+        // maximum: b * f - (1.5*2^23 * f + m). f = q scale * k scale differs between the two
+        // 64-key halves of the tile (K scales come per 64 keys).
+        const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * k_groups];
+        const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * k_groups];
+        float xb[NACC];
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) xb[i] = __int_as_float(sacc[i] + 0x4B400000);
+        if ((kb + 1) * BK > nk || (causal && (kb + 1) * BK - 1 > row_w)) {
+#pragma unroll
+          for (int i = 0; i < NACC; ++i) {
+            const int col = kb * BK + 8 * (i / 4) + 2 * t + (i & 1);
+            const int row = row_w + g + 8 * ((i >> 1) & 1);
+            if (col >= nk || (causal && col > row)) xb[i] = -INFINITY;
+          }
+        }
+        float alpha_new[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          // maxima of the two halves (as offset floats); four independent chains each, so a
+          // lone warp is not held up by one long dependency chain
+          float mb[2][4];
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) mb[hf][q] = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < BK / 8; ++j)
+            mb[j / (BK / 16)][j % 4] = fmaxf(mb[j / (BK / 16)][j % 4], fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+          const float b0 = fmaxf(fmaxf(mb[0][0], mb[0][1]), fmaxf(mb[0][2], mb[0][3]));
+          const float b1 = fmaxf(fmaxf(mb[1][0], mb[1][1]), fmaxf(mb[1][2], mb[1][3]));
+          const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
+                                               b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
+          const float m_new = fmaxf(m[hr], mx);
+          alpha_new[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
+          const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
+          m[hr] = m_new;
+          const float e0 = -fmaf(kMagic, f0, mo), e1 = -fmaf(kMagic, f1, mo);
+          float rs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+            for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+              const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1));
+              xb[4 * j + e] = pe;
+              rs[j % 4] += pe;
+            }
+          l[hr] = l[hr] * alpha_new[hr] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
+        }
+
+        // P of this tile as e4m3 A fragments (k order of the permuted V^T rows)
+#pragma unroll
+        for (int s = 0; s < BK / 32; ++s) {
+          const int i = 16 * s;
+          pa[s][0] = to_e4m3x4(xb[i + 0], xb[i + 1], xb[i + 4], xb[i + 5]);
+          pa[s][1] = to_e4m3x4(xb[i + 2], xb[i + 3], xb[i + 6], xb[i + 7]);
+          pa[s][2] = to_e4m3x4(xb[i + 8], xb[i + 9], xb[i + 12], xb[i + 13]);
+          pa[s][3] = to_e4m3x4(xb[i + 10], xb[i + 11], xb[i + 14], xb[i + 15]);
+        }
+        alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
       }
-      alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
-    }
-    // the last turn: PV of the last tile
-    if (nkb > 0) {
-      mbar_wait(&full_v[(nkb - 1) % ST], ((nkb - 1) / ST) & 1);
+      // the last turn of this work tile: PV of its last key tile
+      mbar_wait(&full_v[(c0 + nkb - 1) % ST], ((c0 + nkb - 1) / ST) & 1);
       named_bar_sync<256>(my_turn);
       wgmma_fence();
       issue_pv(nkb - 1);
-      if (cw == 0) named_bar_arrive<256>(other_turn);
+      if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
       wgmma_wait<0>();
       finish_pv(nkb - 1);
-    }
+      c = c0 + nkb;
 
-    // epilogue: 1/l, V scale, store; LSE
-    const float* vsc = p.v_scale + bhk * D;
-    OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
-    const bool pairs = out_pairs_ok(p, D);
+      // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
+      // work tile go on.
+      const float* vsc = p.v_scale + bhk * D;
+      OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float lt = warp_sum_quad(l[hr]);
-      const float inv = lt > 0.f ? 1.f / lt : 0.f;
-      const int row = row_w + g + 8 * hr;
-      if (row >= p.nq) continue;
-      if (p.lse && t == 0) write_lse(p, bh, row, m[hr], lt, OFF);
-      OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
+      for (int hr = 0; hr < 2; ++hr) {
+        const float lt = warp_sum_quad(l[hr]);
+        const float inv = lt > 0.f ? 1.f / lt : 0.f;
+        const int row = row_w + g + 8 * hr;
+        if (row >= p.nq) continue;
+        if (p.lse && t == 0) write_lse(p, bh, row, m[hr], lt, OFF);
+        OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const int col = 8 * j + 2 * t;
-        const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
-        const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
-        store_out2(orow, col, v0, v1, pairs, p.d_out);
+        for (int j = 0; j < D / 8; ++j) {
+          const int col = 8 * j + 2 * t;
+          const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
+          const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
+          store_out2(orow, col, v0, v1, pairs, p.d_out);
+        }
       }
     }
   }
 }
 
-// Host side (attn_sm90_host.cu): the tensor maps of one call.
+// Host side (attn_sm90_host.cu): the tensor maps of one call, and the persistent grid size
+// (the SMs of the current device, at most `tiles`; 0 on error).
 cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, Sm90Args& a);
+int sm90_grid(int64_t tiles);
 
 template <int D>
 cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
@@ -291,8 +338,11 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, __nv_bfloat16> : attn_sm90_kernel<D, __half>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(p.nq_pad / S::kBQ, p.heads_q, p.batch);
-  kernel<<<grid, S::kThreads, S::kSmem, stream>>>(a);
+  const int64_t tiles = static_cast<int64_t>(p.nq_pad / S::kBQ) * p.heads_q * p.batch;
+  if (tiles > INT32_MAX) return cudaErrorInvalidValue;
+  const int grid = sm90_grid(tiles);
+  if (grid <= 0) return cudaErrorInvalidDevice;
+  kernel<<<grid, S::kThreads, S::kSmem, stream>>>(a, static_cast<int>(tiles));
   return cudaGetLastError();
 }
 

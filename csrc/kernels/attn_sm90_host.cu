@@ -55,6 +55,13 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, Sm90Args& a) {
   return ok ? cudaSuccess : cudaErrorNotSupported;
 }
 
+int sm90_grid(int64_t tiles) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return 0;
+  return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(384, 1))
+}
+
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
       p.nq_pad % 128 != 0)

@@ -48,6 +48,31 @@ struct QuantVFp8Params {
   float* mean;                 // [B, H, d_pad] when smoothing, else null
 };
 cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream);
+
+// Q, K and V quantized together in two launches: the per-channel statistics of K and V over
+// all keys (K mean; V sum/max/min -> V scale and mean), then one grid whose blocks quantize
+// Q row blocks, K row blocks and V tiles. Same outputs as quant_int8 (Q with block_rows
+// kAttnWarpQ, K with kAttnBlockK and the K mean) and quant_v_fp8, except that the K mean is
+// this kernel's own fixed-order fp32 sum / N.
+struct QuantQKVParams {
+  Input4D q;                   // [B, Hq, Nq, D]
+  Input4D k, v;                // [B, Hkv, Nk, D] each, Hkv dividing Hq
+  int nq_pad, nk_pad, d_pad;   // nq_pad multiple of 16, nk_pad of 64; d_pad 64, 128 or 256
+  float q_prescale;            // Q is multiplied by this first (sm_scale * log2(e))
+  int q_groups, k_groups;      // 1 or 8, 1 or 4 (see QuantInt8Params)
+  float v_scale_max;           // 448, or 2.25 for the fp16-accumulating PV
+  int8_t* q_out;               // [B, Hq, nq_pad, d_pad]
+  float* q_scale;              // [B, Hq, nq_pad / 16 * q_groups]
+  float* q_rowdot;             // [B, Hq, Nq]: q . k_mean[h / (Hq / Hkv)], or null (needs k_mean)
+  int8_t* k_out;               // [B, Hkv, nk_pad, d_pad]
+  float* k_scale;              // [B, Hkv, nk_pad / 64 * k_groups]
+  float* k_mean;               // [B, Hkv, D]: written, then subtracted from K; null: no smoothing
+  uint8_t* v_out;              // e4m3 [B, Hkv, d_pad, nk_pad], token-permuted as quant_v_fp8
+  float* v_scale;              // [B, Hkv, d_pad]
+  float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
+  float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
+};
+cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif
 
 // How P*V is accumulated.

@@ -1,0 +1,470 @@
+// Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch
+// K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
+//
+//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): over all keys, the K sum
+//      (-> K mean) and V's sum, max and min (-> V scale, inverse scale and mean). The V part
+//      keeps quant_fp8.cu's pass-1 thread layout and summation order, so V's statistics are
+//      bit-identical to quant_v_fp8's.
+//   2. qkv_quant_kernel, a 1-D grid in three ranges: K blocks (one CTA per 64-row scale
+//      block), V tiles (one warp per 64 tokens x 64 channels) and Q blocks (one warp per
+//      16-row scale block). Every warp loads its rows into registers once, reduces the
+//      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
+//      is quant_int8.cu's and quant_fp8.cu's.
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace sage {
+namespace {
+
+// ---- statistics kernel ----
+constexpr int kStatThreads = 256;
+constexpr int kStatChannels = 32;                                  // channels per CTA
+constexpr int kStatChains = kStatThreads / (kStatChannels / 8);   // 64 token chains per channel
+
+// ---- quantization kernel ----
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kWarpRows = 16;        // rows one warp quantizes: a Q scale block, a quarter K block
+constexpr int kVTokens = 64;         // V tile of one warp: 64 tokens x 64 channels
+constexpr int kVChannels = 64;
+static_assert(kAttnWarpQ == kWarpRows && kAttnBlockK == kWarps * kWarpRows,
+              "Q scale blocks are one warp's rows, K scale blocks one CTA's");
+
+__device__ __forceinline__ uint16_t bits_of(__half x) { return __half_as_ushort(x); }
+__device__ __forceinline__ uint16_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+
+// Eight consecutive elements of a row as their 16-bit patterns, two per word; columns >= d
+// read as +0. `vec`: the row start and d allow one 16-byte load.
+template <typename T>
+__device__ __forceinline__ uint4 load_bits8(const T* row, int col0, int d, bool vec) {
+  if (vec && col0 + 8 <= d) return *reinterpret_cast<const uint4*>(row + col0);
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (col0 + i < d) w[i / 2] |= static_cast<uint32_t>(bits_of(row[col0 + i])) << (16 * (i % 2));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Element i (a compile-time index after unrolling) of eight packed 16-bit values, as float.
+template <typename T>
+__device__ __forceinline__ float elem(const uint4& u, int i) {
+  const uint32_t w = i < 2 ? u.x : (i < 4 ? u.y : (i < 6 ? u.z : u.w));
+  const uint32_t h = (i & 1) ? (w >> 16) : (w & 0xffffu);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(h << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+}
+
+// Symmetric INT8 of x * inv: round half away from zero, saturate to +-127 (quant_int8.cu's).
+__device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
+  const float t = __fmul_rn(x, inv);
+  const float m = fminf(floorf(__fadd_rn(fabsf(t), 0.5f)), 127.f);
+  return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(copysignf(m, t)))));
+}
+
+// ============================== 1. statistics ==============================
+
+template <typename T>
+__global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
+  __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
+  const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg) of the token chain r per thread
+  const int n = p.v.n, d = p.v.d, col0 = c0 + cg * 8;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
+  const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
+  const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
+  const bool ksum = p.k_mean != nullptr;
+
+  // Chain r adds tokens r, r + 64, r + 128, ... in this order (quant_fp8.cu pass 1); kAhead
+  // tokens are loaded before their adds.
+  constexpr int kAhead = 4;
+  float s[8], mx[8], mn[8], sk[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
+  int t = r;
+  for (; t + (kAhead - 1) * kStatChains < n; t += kAhead * kStatChains) {
+    uint4 xv[kAhead], xk[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kStatChains) * p.v.stride_n, col0, d, vvec);
+    if (ksum) {
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) xk[u] = load_bits8(k + (t + u * kStatChains) * p.k.stride_n, col0, d, kvec);
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float x = elem<T>(xv[u], i);
+        s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+      }
+    }
+    if (ksum) {
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
+      }
+    }
+  }
+  for (; t < n; t += kStatChains) {
+    const uint4 xv = load_bits8(v + t * p.v.stride_n, col0, d, vvec);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x = elem<T>(xv, i);
+      s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+    }
+    if (ksum) {
+      const uint4 xk = load_bits8(k + t * p.k.stride_n, col0, d, kvec);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk, i);
+    }
+  }
+  // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+      mn[i] = fminf(mn[i], __shfl_xor_sync(0xffffffffu, mn[i], off));
+      sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], off);
+    }
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i];
+      red[2][warp][cg * 8 + i] = mn[i], red[3][warp][cg * 8 + i] = sk[i];
+    }
+  }
+  __syncthreads();
+  if (tid >= kStatChannels) return;
+  // the warps in order, from zero
+  float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f;
+  for (int w = 0; w < kStatThreads / 32; ++w) {
+    ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
+    tk += red[3][w][tid];
+  }
+  const int c = c0 + tid;
+  const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
+  const bool real = c < d && n > 0;
+  float mean = 0.f, amax = 0.f;
+  if (real) {
+    if (p.v_mean) {
+      mean = __fdiv_rn(ts, static_cast<float>(n));
+      amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
+    } else {
+      amax = fmaxf(tmx, -tmn);
+    }
+  }
+  amax = fmaxf(amax, kAmaxEps);
+  p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
+  p.v_inv[bh * p.d_pad + c] = __fdiv_rn(p.v_scale_max, amax);
+  if (p.v_mean) p.v_mean[bh * p.d_pad + c] = mean;
+  if (ksum && c < d) p.k_mean[bh * d + c] = __fdiv_rn(tk, static_cast<float>(n));
+}
+
+// ============================== 2. quantization ==============================
+
+// A warp's 16 rows at head dim DP: a lane owns 16 consecutive columns of every
+// kRowsPerIter-th row; its rows fall in kSlots classes of (row % 8).
+template <int DP>
+struct RowShape {
+  static constexpr int kLanesPerRow = DP / 16;              // 4, 8, 16
+  static constexpr int kRowsPerIter = 32 / kLanesPerRow;    // 8, 4, 2
+  static constexpr int kIters = kWarpRows / kRowsPerIter;   // 2, 4, 8
+  static constexpr int kSlots = 8 / kRowsPerIter;           // 1, 2, 4: iteration it is in slot it % kSlots
+};
+
+// One warp's 16 rows of a head (Q or K), quantized to INT8 with G scale groups (row r of the
+// scale block uses group 0, r % 8 or (r % 8) / 2 for G = 1, 8, 4).
+struct RowJob {
+  const void* x;          // the head's rows
+  int64_t stride_n;
+  int n, d;
+  bool vec;
+  int row0;               // first of the warp's 16 rows
+  float prescale;         // multiplied first when != 1
+  const float* mean;      // [d] subtracted, or null
+  const float* dot_mean;  // [d]: rowdot[row] = x . dot_mean, or null
+  float* rowdot;
+  int8_t* out;            // the head's [n_pad, DP] output
+  float* scale;           // the scale block's G scales
+};
+
+// `red` (shared, [kWarps][4]): the warps of a CTA share one scale block (K); null: the
+// warp's own block (Q). All threads of the CTA call it in the first case.
+template <typename T, int DP, int G>
+__device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
+  using S = RowShape<DP>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lr = lane / S::kLanesPerRow, col0 = (lane % S::kLanesPerRow) * 16;
+  const T* x = static_cast<const T*>(j.x);
+  const bool scaled = j.prescale != 1.f;
+
+  uint4 raw[S::kIters][2];
+#pragma unroll
+  for (int it = 0; it < S::kIters; ++it) {
+    const int row = j.row0 + it * S::kRowsPerIter + lr;
+    raw[it][0] = raw[it][1] = make_uint4(0u, 0u, 0u, 0u);
+    if (row < j.n) {
+      const T* src = x + row * j.stride_n;
+      raw[it][0] = load_bits8(src, col0, j.d, j.vec);
+      raw[it][1] = load_bits8(src, col0 + 8, j.d, j.vec);
+    }
+  }
+  float mu[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) mu[i] = (j.mean && col0 + i < j.d) ? j.mean[col0 + i] : 0.f;
+  auto value = [&](int it, int i) {
+    float y = elem<T>(raw[it][i / 8], i % 8);
+    if (scaled) y = __fmul_rn(y, j.prescale);
+    if (j.mean) y = __fsub_rn(y, mu[i]);
+    return y;
+  };
+
+  // q . mean per row (for the LSE correction): 16 columns per lane, then the row's lanes
+  if (j.dot_mean) {
+    float dm[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) dm[i] = col0 + i < j.d ? j.dot_mean[col0 + i] : 0.f;
+#pragma unroll
+    for (int it = 0; it < S::kIters; ++it) {
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) dot = fmaf(elem<T>(raw[it][i / 8], i % 8), dm[i], dot);
+#pragma unroll
+      for (int off = 1; off < S::kLanesPerRow; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      const int row = j.row0 + it * S::kRowsPerIter + lr;
+      if (lane % S::kLanesPerRow == 0 && row < j.n) j.rowdot[row] = dot;
+    }
+  }
+
+  // |y| maxima of the row classes this lane holds (rows past n do not count)
+  float am[S::kSlots];
+#pragma unroll
+  for (int s = 0; s < S::kSlots; ++s) am[s] = 0.f;
+#pragma unroll
+  for (int it = 0; it < S::kIters; ++it) {
+    if (j.row0 + it * S::kRowsPerIter + lr < j.n) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) am[it % S::kSlots] = fmaxf(am[it % S::kSlots], fabsf(value(it, i)));
+    }
+  }
+  // over the lanes of a row: slot s of lane group lr is then the class s * kRowsPerIter + lr
+#pragma unroll
+  for (int s = 0; s < S::kSlots; ++s) {
+#pragma unroll
+    for (int off = 1; off < S::kLanesPerRow; off <<= 1) am[s] = fmaxf(am[s], __shfl_xor_sync(0xffffffffu, am[s], off));
+  }
+  if constexpr (G == 4) {  // classes 2g and 2g + 1: neighbouring lane groups (kRowsPerIter is even)
+#pragma unroll
+    for (int s = 0; s < S::kSlots; ++s) am[s] = fmaxf(am[s], __shfl_xor_sync(0xffffffffu, am[s], S::kLanesPerRow));
+  } else if constexpr (G == 1) {
+    float a = am[0];
+#pragma unroll
+    for (int s = 1; s < S::kSlots; ++s) a = fmaxf(a, am[s]);
+#pragma unroll
+    for (int off = S::kLanesPerRow; off < 32; off <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+#pragma unroll
+    for (int s = 0; s < S::kSlots; ++s) am[s] = a;
+  }
+  auto group = [&](int s) { return G == 8 ? s * S::kRowsPerIter + lr : (G == 4 ? (s * S::kRowsPerIter + lr) >> 1 : 0); };
+  // one lane per group writes it
+  auto writer = [&](int s) {
+    return lane % S::kLanesPerRow == 0 && (G == 8 || (G == 4 ? (lr & 1) == 0 : (lr == 0 && s == 0)));
+  };
+  if (red) {
+#pragma unroll
+    for (int s = 0; s < S::kSlots; ++s)
+      if (writer(s)) red[warp][group(s)] = am[s];
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < S::kSlots; ++s) {
+      float a = red[0][group(s)];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) a = fmaxf(a, red[w][group(s)]);
+      am[s] = a;
+    }
+  }
+  float inv[S::kSlots];
+#pragma unroll
+  for (int s = 0; s < S::kSlots; ++s) {
+    const float amax = fmaxf(am[s], kAmaxEps);
+    inv[s] = __fdiv_rn(127.f, amax);
+    if (writer(s) && (!red || warp == 0)) j.scale[group(s)] = __fdiv_rn(amax, 127.f);
+  }
+
+  // quantize; rows past n (to n_pad) and columns past d are zeros
+#pragma unroll
+  for (int it = 0; it < S::kIters; ++it) {
+    const int row = j.row0 + it * S::kRowsPerIter + lr;
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if (row < j.n) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) w[i / 4] |= int8_bits(value(it, i), inv[it % S::kSlots]) << (8 * (i % 4));
+    }
+    *reinterpret_cast<uint4*>(j.out + static_cast<int64_t>(row) * DP + col0) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// One warp's V tile: 64 tokens x 64 channels of one kv head, written as e4m3 [channel][token]
+// with the tokens of each 16-token group in the MMA's order 0,1,8,9,2,3,10,11,...,6,7,14,15
+// (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels cgrp*8.. +8 of tokens
+// tg*16.. +16: it holds a whole permuted group of each of its channels, one 16-byte store each.
+template <typename T, int DP>
+__device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t unit) {
+  constexpr int kTilesC = DP / kVChannels;
+  const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
+  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
+  const int tiles_n = p.nk_pad / kVTokens;
+  // the last token tiles first, every head in turn: what the statistics kernel read last may
+  // still be in L2
+  const int tc = static_cast<int>(unit % kTilesC);
+  const int64_t rest = unit / kTilesC;
+  const int64_t bh = rest % bhs;
+  const int tn = tiles_n - 1 - static_cast<int>(rest / bhs);
+  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
+  const int n = p.v.n, d = p.v.d;
+  const int n0 = tn * kVTokens + tg * 16, c0 = tc * kVChannels + cgrp * 8;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
+
+  uint4 raw[16];
+#pragma unroll
+  for (int t = 0; t < 16; ++t) {
+    raw[t] = make_uint4(0u, 0u, 0u, 0u);
+    if (n0 + t < n && c0 < d) raw[t] = load_bits8(v + (n0 + t) * p.v.stride_n, c0, d, vec);
+  }
+  const float* inv_g = p.v_inv + bh * DP + c0;
+  const float* mean_g = p.v_mean ? p.v_mean + bh * DP + c0 : nullptr;
+  uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if (c0 + i < d) {
+      const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
+      float y[16];
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        const float x = elem<T>(raw[t], i);
+        y[t] = n0 + t < n ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
+      }
+      // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        w[q] = static_cast<uint32_t>(to_e4m3x2(y[2 * q], y[2 * q + 1])) |
+               (static_cast<uint32_t>(to_e4m3x2(y[2 * q + 8], y[2 * q + 9])) << 16);
+    }
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * p.nk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Blocks [0, k_ctas): K; [k_ctas, k_ctas + v_ctas): V; the rest: Q.
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads, 4) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
+  __shared__ float red[kWarps][4];
+  const int warp = threadIdx.x >> 5;
+  int64_t blk = blockIdx.x;
+  if (blk < k_ctas) {
+    // one 64-row scale block per CTA, the last row blocks of every head first (as V)
+    const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
+    const int nblk = p.nk_pad / kAttnBlockK;
+    const int64_t bh = blk % bhs;
+    const int rb = nblk - 1 - static_cast<int>(blk / bhs);
+    const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
+    RowJob j;
+    j.x = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
+    j.stride_n = p.k.stride_n, j.n = p.k.n, j.d = p.k.d;
+    j.vec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, p.k.d);
+    j.row0 = rb * kAttnBlockK + warp * kWarpRows;
+    j.prescale = 1.f;
+    j.mean = p.k_mean ? p.k_mean + bh * p.k.d : nullptr;
+    j.dot_mean = nullptr, j.rowdot = nullptr;
+    j.out = p.k_out + bh * p.nk_pad * DP;
+    j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
+    if (p.k_groups == 4)
+      quant_rows<T, DP, 4>(j, red);
+    else
+      quant_rows<T, DP, 1>(j, red);
+    return;
+  }
+  blk -= k_ctas;
+  if (blk < v_ctas) {
+    const int64_t unit = blk * kWarps + warp;
+    const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
+    if (unit < units) quant_v_tile<T, DP>(p, unit);
+    return;
+  }
+  blk -= v_ctas;
+  // Q: one 16-row scale block per warp
+  const int64_t unit = blk * kWarps + warp;
+  const int nblk = p.nq_pad / kAttnWarpQ;
+  if (unit >= static_cast<int64_t>(p.q.batch) * p.q.heads * nblk) return;
+  const int64_t bh = unit / nblk;
+  const int rb = static_cast<int>(unit % nblk);
+  const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
+  const int hkv = h / (p.q.heads / p.k.heads);
+  RowJob j;
+  j.x = static_cast<const T*>(p.q.data) + b * p.q.stride_b + h * p.q.stride_h;
+  j.stride_n = p.q.stride_n, j.n = p.q.n, j.d = p.q.d;
+  j.vec = vec_ok<T>(p.q.data, p.q.stride_b, p.q.stride_h, p.q.stride_n, p.q.d);
+  j.row0 = rb * kAttnWarpQ;
+  j.prescale = p.q_prescale;
+  j.mean = nullptr;
+  j.dot_mean = p.q_rowdot ? p.k_mean + (static_cast<int64_t>(b) * p.k.heads + hkv) * p.k.d : nullptr;
+  j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
+  j.out = p.q_out + bh * p.nq_pad * DP;
+  j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
+  if (p.q_groups == 8)
+    quant_rows<T, DP, 8>(j, nullptr);
+  else
+    quant_rows<T, DP, 1>(j, nullptr);
+}
+
+template <typename T, int DP>
+cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
+  const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
+  const int64_t k_ctas = bhk * (p.nk_pad / kAttnBlockK);
+  const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kWarps - 1) / kWarps;
+  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
+  if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
+  if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
+  qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
+      p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_d(const QuantQKVParams& p, cudaStream_t stream) {
+  switch (p.d_pad) {
+    case 64: return launch<T, 64>(p, stream);
+    case 128: return launch<T, 128>(p, stream);
+    default: return launch<T, 256>(p, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
+  const bool shapes = p.k.batch == p.q.batch && p.v.batch == p.q.batch && p.v.heads == p.k.heads &&
+                      p.v.n == p.k.n && p.k.d == p.q.d && p.v.d == p.q.d && p.k.heads > 0 &&
+                      p.q.heads % p.k.heads == 0 && p.q.dtype == p.k.dtype && p.v.dtype == p.q.dtype;
+  const bool pads = (p.d_pad == 64 || p.d_pad == 128 || p.d_pad == 256) && p.d_pad >= p.q.d &&
+                    p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
+                    p.nk_pad >= p.k.n;
+  const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
+  if (!shapes || !pads || !groups || (p.q_rowdot && !p.k_mean)) return cudaErrorInvalidValue;
+  if (p.q.batch == 0 || p.q.heads == 0) return cudaSuccess;
+  return p.q.dtype == DType::kHalf ? launch_d<__half>(p, stream) : launch_d<__nv_bfloat16>(p, stream);
+}
+
+}  // namespace sage

@@ -69,6 +69,61 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
   check_cuda(sage::quant_v_fp8(p, c10::cuda::getCurrentCUDAStream()), op);
   return {out, scale, mean};
 }
+
+// quant_int8(Q), quant_int8(K, K mean) and quant_v_fp8(V) in two launches (statistics, then
+// quantization); the K mean is computed here (fp32, [B, Hkv, D]) and returned.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
+    const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
+    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad) {
+  const char* op = "quant_qkv";
+  sage::QuantQKVParams p{};
+  p.q = input_of(q, op, "q");
+  p.k = input_of(k, op, "k");
+  p.v = input_of(v, op, "v");
+  const int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Nk = k.size(2);
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), kOps, "::", op,
+              ": q, k and v must be on one device");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), kOps, "::", op,
+              ": q, k and v must have one dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
+              v.scalar_type());
+  TORCH_CHECK(k.size(0) == B && k.size(3) == D, kOps, "::", op, ": k has shape ", k.sizes(), ", q ", q.sizes());
+  TORCH_CHECK(v.sizes() == k.sizes(), kOps, "::", op, ": v has shape ", v.sizes(), ", k ", k.sizes());
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, kOps, "::", op, ": k heads (", Hkv, ") must divide q heads (", Hq, ")");
+  TORCH_CHECK((d_pad == 64 || d_pad == 128 || d_pad == 256) && d_pad >= D, kOps, "::", op,
+              ": d_pad must be 64, 128 or 256 and at least the head dim, got ", d_pad);
+  TORCH_CHECK(nq_pad >= Nq && nq_pad % sage::kAttnWarpQ == 0, kOps, "::", op, ": bad padding nq_pad=", nq_pad);
+  TORCH_CHECK(nk_pad >= Nk && nk_pad % sage::kAttnBlockK == 0, kOps, "::", op, ": bad padding nk_pad=", nk_pad);
+  TORCH_CHECK((q_groups == 1 || q_groups == 8) && (k_groups == 1 || k_groups == 4), kOps, "::", op,
+              ": q_groups must be 1 or 8 and k_groups 1 or 4");
+  TORCH_CHECK(!rowdot || smooth_k, kOps, "::", op, ": rowdot (q . K mean) needs smooth_k");
+  c10::cuda::CUDAGuard guard(q.device());
+  auto f32 = q.options().dtype(at::kFloat);
+  Tensor q8 = at::empty({B, Hq, nq_pad, d_pad}, q.options().dtype(at::kChar));
+  Tensor q_scale = at::empty({B, Hq, nq_pad / sage::kAttnWarpQ * q_groups}, f32);
+  Tensor q_rowdot = at::empty({rowdot ? B : 0, rowdot ? Hq : 0, rowdot ? Nq : 0}, f32);
+  Tensor k8 = at::empty({B, Hkv, nk_pad, d_pad}, q.options().dtype(at::kChar));
+  Tensor k_scale = at::empty({B, Hkv, nk_pad / sage::kAttnBlockK * k_groups}, f32);
+  Tensor k_mean = at::empty({smooth_k ? B : 0, smooth_k ? Hkv : 0, smooth_k ? D : 0}, f32);
+  Tensor v8 = at::empty({B, Hkv, d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
+  Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
+  Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
+  Tensor v_inv = at::empty({B, Hkv, d_pad}, f32);
+  p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
+  p.q_prescale = static_cast<float>(q_prescale);
+  p.q_groups = q_groups, p.k_groups = k_groups;
+  p.v_scale_max = static_cast<float>(v_scale_max);
+  p.q_out = q8.data_ptr<int8_t>(), p.q_scale = q_scale.data_ptr<float>();
+  p.q_rowdot = rowdot ? q_rowdot.data_ptr<float>() : nullptr;
+  p.k_out = k8.data_ptr<int8_t>(), p.k_scale = k_scale.data_ptr<float>();
+  p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
+  p.v_out = reinterpret_cast<uint8_t*>(v8.data_ptr());
+  p.v_scale = v_scale.data_ptr<float>();
+  p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
+  p.v_inv = v_inv.data_ptr<float>();
+  check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
+  return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
+}
 #endif
 
 // fp16/bf16 V as the kernel reads it: unit stride, 16-byte aligned rows, head dim d_pad.
@@ -180,6 +235,9 @@ TORCH_LIBRARY(SAGE_OPS, m) {
         "int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
 #if defined(SAGE_FP8)
   m.def("quant_v_fp8(Tensor v, float scale_max, bool smooth, int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
+  m.def("quant_qkv(Tensor q, Tensor k, Tensor v, float q_prescale, int q_groups, int k_groups, bool smooth_k, "
+        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad) -> (Tensor, Tensor, "
+        "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 #endif
   m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "
         "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "
@@ -190,6 +248,7 @@ TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
   m.impl("quant_int8", &quant_int8);
 #if defined(SAGE_FP8)
   m.impl("quant_v_fp8", &quant_v_fp8);
+  m.impl("quant_qkv", &quant_qkv);
 #endif
   m.impl("attn", &attn);
 }

@@ -1,7 +1,8 @@
 """The compiled mma.sync kernels: quantize Q, K (and V for fp8 PV), then attend.
 
 Each step is a torch custom op registered by the extension (``torch.ops.<ns>.quant_int8``,
-``quant_v_fp8``, ``attn``); their fake implementations are registered here, so
+``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``); their
+fake implementations are registered here, so
 ``torch.compile(sageattn, fullgraph=True)`` traces the whole pipeline without a graph break.
 """
 
@@ -73,6 +74,27 @@ def _register_fakes(ns: str) -> None:
 
         torch.library.register_fake(f"{ns}::quant_v_fp8", quant_v_fp8)
 
+    if hasattr(getattr(torch.ops, ns), "quant_qkv"):
+
+        def quant_qkv(q, k, v, q_prescale, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
+                      nq_pad, nk_pad, d_pad):
+            b, hq, nq, d = q.shape
+            hk = k.shape[1]
+            f32 = torch.float32
+            return (
+                q.new_empty((b, hq, nq_pad, d_pad), dtype=torch.int8),
+                q.new_empty((b, hq, nq_pad // WARP_Q * q_groups), dtype=f32),
+                q.new_empty((b, hq, nq) if rowdot else (0, 0, 0), dtype=f32),
+                q.new_empty((b, hk, nk_pad, d_pad), dtype=torch.int8),
+                q.new_empty((b, hk, nk_pad // BLOCK_K * k_groups), dtype=f32),
+                q.new_empty((b, hk, d) if smooth_k else (0, 0, 0), dtype=f32),
+                q.new_empty((b, hk, d_pad, nk_pad), dtype=torch.float8_e4m3fn),
+                q.new_empty((b, hk, d_pad), dtype=f32),
+                q.new_empty((b, hk, d_pad) if smooth_v else (0, 0, 0), dtype=f32),
+            )
+
+        torch.library.register_fake(f"{ns}::quant_qkv", quant_qkv)
+
     def attn(q8, k8, v, q_scale, k_scale, v_scale, v_mean, lse_add, q_groups, k_groups, nq, nk, d_out,
              causal, accum, nhd, return_lse, lse_add_scale, out_dtype):
         b, hq = q8.shape[:2]
@@ -103,16 +125,21 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
     per_thread = qk_quant_gran == "per_thread"
     q_groups, k_groups = (8, 4) if per_thread else (1, 1)
 
-    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
-    q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups, nq_pad, dp)
-    k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
     v_scale = v_mean = None
     if _fp8(module):
+        # K mean, Q, K and V quantization in one op (two launches); its K mean is its own
+        # fixed-order sum, equal to torch's mean up to the last bits
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
-        v_op, v_scale, v_mean = op.quant_v_fp8(vh, vmax, smooth_v, nk_pad, dp)
+        q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
+            qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,
+            nq_pad, nk_pad, dp)
         if not smooth_v:
             v_mean = None
     else:
+        km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
+        q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups,
+                                     nq_pad, dp)
+        k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
         # fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype
         v_op = vh.to(torch.float16) if pv_accum_dtype == "fp16+fp32" else vh
     o, lse = op.attn(q8, k8, v_op, qs, ks, v_scale, v_mean, qdot if (return_lse and smooth_k) else None,

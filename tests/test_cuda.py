@@ -139,3 +139,100 @@ def test_bf16_v_beyond_fp16_range_stays_finite():
     o = fn(q, k, v)
     assert torch.isfinite(o).all()
     assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND"))
+
+
+# ---- quant_qkv: the fp8 families' one quantization op against the separate ops ----
+
+QKV_FLAGS = [  # (smooth_k, smooth_v, rowdot)
+    (True, False, False), (True, True, True), (True, False, True), (False, True, False)]
+QKV_INPUTS = [("HND", torch.bfloat16), ("NHD", torch.bfloat16), ("HND", torch.float16)]
+
+
+def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, vmax=_cuda.FP8_MAX):
+    """quant_qkv's outputs and the separate ops' on the same inputs: the old sequence of
+    _cuda.forward fed with quant_qkv's own K mean, and the K mean torch computes."""
+    _, ext = _need(backend)
+    op = _cuda.ops(ext)
+    qh, kh, vh = (t.transpose(1, 2) if layout == "NHD" else t for t in (q, k, v))
+    d = qh.shape[3]
+    dp = _cuda.padded_head_dim(d)
+    nq_pad, nk_pad = _cuda._ceil(qh.shape[2], _cuda.BLOCK_Q), _cuda._ceil(kh.shape[2], _cuda.kv_block(ext))
+    qg, kg = (8, 4) if gran == "per_thread" else (1, 1)
+    prescale = d ** -0.5 * _cuda.LOG2E
+    new = op.quant_qkv(qh, kh, vh, prescale, qg, kg, smooth_k, smooth_v, rowdot, vmax, nq_pad, nk_pad, dp)
+    km = new[5] if smooth_k else None
+    q8, qs, qdot = op.quant_int8(qh, None, km if rowdot else None, prescale, _cuda.WARP_Q, qg, nq_pad, dp)
+    k8, ks, _ = op.quant_int8(kh, km, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
+    v8, vs, vm = op.quant_v_fp8(vh, vmax, smooth_v, nk_pad, dp)
+    km_torch = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    k8_torch, ks_torch, _ = op.quant_int8(kh, km_torch, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
+    return new, (q8, qs, qdot, k8, ks, km_torch, v8, vs, vm), (k8_torch, ks_torch)
+
+
+def _check_quant_qkv(new, old, k_torch, rowdot):
+    nq8, nqs, nqdot, nk8, nks, nkm, nv8, nvs, nvm = new
+    q8, qs, qdot, k8, ks, km_torch, v8, vs, vm = old
+    # Q, V: bit for bit
+    assert torch.equal(nq8, q8) and torch.equal(nqs, qs)
+    assert torch.equal(nv8.view(torch.uint8), v8.view(torch.uint8))
+    assert torch.equal(nvs, vs) and torch.equal(nvm, vm)
+    # K: bit for bit given the same K mean; the K mean itself is torch's up to the last bits
+    assert torch.equal(nk8, k8) and torch.equal(nks, ks)
+    if km_torch is not None:
+        torch.testing.assert_close(nkm, km_torch, rtol=1e-5, atol=1e-6)
+        diff = (nk8.int() - k_torch[0].int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+        torch.testing.assert_close(nks, k_torch[1], rtol=1e-5, atol=0)
+    else:
+        assert nkm.numel() == 0
+    if rowdot:  # q . K mean: the same sum in another order
+        torch.testing.assert_close(nqdot, qdot, rtol=1e-5, atol=1e-4)
+    else:
+        assert nqdot.numel() == 0
+
+
+@pytest.mark.parametrize("layout,dtype", QKV_INPUTS, ids=[f"{l}-{str(t)[6:]}" for l, t in QKV_INPUTS])
+@pytest.mark.parametrize("smooth_k,smooth_v,rowdot", QKV_FLAGS,
+                         ids=[f"k{int(a)}v{int(b)}dot{int(c)}" for a, b, c in QKV_FLAGS])
+@pytest.mark.parametrize("gran", ["per_warp", "per_thread"])
+@pytest.mark.parametrize("d", [64, 72, 128])
+@pytest.mark.parametrize("n", [1, 17, 1000, 4097])
+@pytest.mark.parametrize("backend", [FP8, SM90])
+def test_quant_qkv_matches_separate_ops(backend, n, d, gran, smooth_k, smooth_v, rowdot, layout, dtype):
+    """Two heads of K/V for four of Q (GQA), Q one row longer than K; V with a mean."""
+    _need(backend)
+    q, k, v = make_qkv(1, 4, 2, n + 1, n, d, dtype, layout, "cuda", k_bias=1.0, seed=n + d)
+    v = v + 0.5
+    new, old, k_torch = _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot)
+    _check_quant_qkv(new, old, k_torch, rowdot)
+
+
+@pytest.mark.parametrize("gran", ["per_warp", "per_thread"])
+@pytest.mark.parametrize("n", [17, 1000])
+def test_quant_qkv_d256_and_fp16_accum_scale(gran, n):
+    """Head dim 256 (the mma.sync fp8 family only) and V scaled for the fp16-accumulating PV."""
+    q, k, v = make_qkv(2, 2, 1, n, n, 256, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=n)
+    new, old, k_torch = _quant_qkv_both(FP8, q, k, v, "HND", gran, True, True, True, vmax=_cuda.V_MAX_FP16_ACCUM)
+    _check_quant_qkv(new, old, k_torch, True)
+
+
+@pytest.mark.parametrize("n", [17, 1000])
+@pytest.mark.parametrize("backend", [FP8, SM90])
+def test_quant_qkv_misaligned_inputs(backend, n):
+    """Row starts not 16-byte aligned and a sliced head dim: element loads."""
+    _need(backend)
+    base = torch.randn(1, 4, n, 2 * 72 + 1, device="cuda", dtype=torch.bfloat16)
+    q, k, v = base[..., 1:73], base[:, :2, :, 73:145], base[:, 2:, :, 2:74]
+    new, old, k_torch = _quant_qkv_both(backend, q, k, v, "HND", "per_thread", True, True, True)
+    _check_quant_qkv(new, old, k_torch, True)
+
+
+@pytest.mark.parametrize("backend", [FP8, SM90])
+def test_quant_qkv_opcheck(backend):
+    _, ext = _need(backend)
+    op = _cuda.ops(ext)
+    q = torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(2, 2, 90, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    nk_pad = _cuda._ceil(90, _cuda.kv_block(ext))
+    torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 8, 4, True, True, True, 448.0, 128, nk_pad, 64))
+    torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 1, 1, False, False, False, 2.25, 128, nk_pad, 64))

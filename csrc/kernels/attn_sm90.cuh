@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cstdlib>
 #include "common.cuh"
 #include "sm90.cuh"
 #include "wgmma_ops.cuh"
@@ -70,7 +71,7 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 
 // gridDim.x CTAs take work tiles w = blockIdx.x + i * gridDim.x: one per SM walking many
 // (persistent), or one CTA per tile.
-template <int D, typename OutT>
+template <int D, typename OutT, bool PP>
 __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   using S = Sm90Shape<D>;
   constexpr int ST = S::kStages, BK = S::kBK;
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
     // once: more than the 240 registers a consumer thread has.)
     const int my_turn = 1 + cw, other_turn = 2 - cw;
-    if (cw == 1) named_bar_arrive<256>(1);
+    if (PP && cw == 1) named_bar_arrive<256>(1);
 
     int c = 0;  // K/V tiles consumed so far (the producer's counter)
     int it = 0;
@@ -198,14 +199,22 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
       };
 
+      // K scales of the two 64-key halves of a tile, loaded one tile ahead: a load issued
+      // just before its use stalled every tile on the L2 latency (ncu: long scoreboard)
+      float kn0 = ksp[0], kn1 = ksp[k_groups];
       mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
       for (int kb = 0; kb < nkb; ++kb) {
+        const float ks0 = kn0, ks1 = kn1;
+        if (kb + 1 < nkb) {
+          kn0 = ksp[static_cast<int64_t>(2 * kb + 2) * k_groups];
+          kn1 = ksp[static_cast<int64_t>(2 * kb + 3) * k_groups];
+        }
         const int st = (c0 + kb) % ST, ph = ((c0 + kb) / ST) & 1;
         const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
         mbar_wait(&full_k[st], ph);
         if (kb > 0) mbar_wait(&full_v[(c0 + kb - 1) % ST], ((c0 + kb - 1) / ST) & 1);
 
-        named_bar_sync<256>(my_turn);
+        if (PP) named_bar_sync<256>(my_turn);
         wgmma_fence();
         if (kb > 0) issue_pv(kb - 1);
 #pragma unroll
@@ -214,7 +223,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           else wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, 1);
         }
         wgmma_commit();
-        named_bar_arrive<256>(other_turn);
+        if (PP) named_bar_arrive<256>(other_turn);
 
         // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
         // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
@@ -232,8 +241,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // maximum is taken on it, and one FFMA gives the log2-domain score minus the running
         // maximum: b * f - (1.5*2^23 * f + m). f = q scale * k scale differs between the two
         // 64-key halves of the tile (K scales come per 64 keys).
-        const float f0 = qsc * ksp[static_cast<int64_t>(2 * kb) * k_groups];
-        const float f1 = qsc * ksp[static_cast<int64_t>(2 * kb + 1) * k_groups];
+        const float f0 = qsc * ks0, f1 = qsc * ks1;
         float xb[NACC];
 #pragma unroll
         for (int i = 0; i < NACC; ++i) xb[i] = __int_as_float(sacc[i] + 0x4B400000);
@@ -292,10 +300,10 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       }
       // the last turn of this work tile: PV of its last key tile
       mbar_wait(&full_v[(c0 + nkb - 1) % ST], ((c0 + nkb - 1) / ST) & 1);
-      named_bar_sync<256>(my_turn);
+      if (PP) named_bar_sync<256>(my_turn);
       wgmma_fence();
       issue_pv(nkb - 1);
-      if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
+      if (PP && (cw == 0 || !last_work)) named_bar_arrive<256>(other_turn);
       wgmma_wait<0>();
       finish_pv(nkb - 1);
       c = c0 + nkb;
@@ -336,7 +344,9 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   a.p = p;
   cudaError_t err = sm90_make_maps(p, D, a);
   if (err != cudaSuccess) return err;
-  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, __nv_bfloat16> : attn_sm90_kernel<D, __half>;
+  static const bool pp = getenv("SAGE_SM90_NO_PINGPONG") == nullptr;  // EXPERIMENT, to be removed
+  auto kernel = p.o_dtype == DType::kBFloat16 ? (pp ? attn_sm90_kernel<D, __nv_bfloat16, true> : attn_sm90_kernel<D, __nv_bfloat16, false>)
+                                              : (pp ? attn_sm90_kernel<D, __half, true> : attn_sm90_kernel<D, __half, false>);
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
   const int64_t tiles = static_cast<int64_t>(p.nq_pad / S::kBQ) * p.heads_q * p.batch;

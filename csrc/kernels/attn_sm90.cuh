@@ -24,7 +24,6 @@
 #pragma once
 
 #include <cuda.h>
-#include <cstdlib>
 #include "common.cuh"
 #include "sm90.cuh"
 #include "wgmma_ops.cuh"
@@ -71,7 +70,7 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 
 // gridDim.x CTAs take work tiles w = blockIdx.x + i * gridDim.x: one per SM walking many
 // (persistent), or one CTA per tile.
-template <int D, typename OutT, bool PP>
+template <int D, typename OutT>
 __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   using S = Sm90Shape<D>;
   constexpr int ST = S::kStages, BK = S::kBK;
@@ -151,7 +150,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
     // once: more than the 240 registers a consumer thread has.)
     const int my_turn = 1 + cw, other_turn = 2 - cw;
-    if (PP && cw == 1) named_bar_arrive<256>(1);
+    if (cw == 1) named_bar_arrive<256>(1);
 
     int c = 0;  // K/V tiles consumed so far (the producer's counter)
     int it = 0;
@@ -214,7 +213,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         mbar_wait(&full_k[st], ph);
         if (kb > 0) mbar_wait(&full_v[(c0 + kb - 1) % ST], ((c0 + kb - 1) / ST) & 1);
 
-        if (PP) named_bar_sync<256>(my_turn);
+        named_bar_sync<256>(my_turn);
         wgmma_fence();
         if (kb > 0) issue_pv(kb - 1);
 #pragma unroll
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           else wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, 1);
         }
         wgmma_commit();
-        if (PP) named_bar_arrive<256>(other_turn);
+        named_bar_arrive<256>(other_turn);
 
         // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
         // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
@@ -300,10 +299,10 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       }
       // the last turn of this work tile: PV of its last key tile
       mbar_wait(&full_v[(c0 + nkb - 1) % ST], ((c0 + nkb - 1) / ST) & 1);
-      if (PP) named_bar_sync<256>(my_turn);
+      named_bar_sync<256>(my_turn);
       wgmma_fence();
       issue_pv(nkb - 1);
-      if (PP && (cw == 0 || !last_work)) named_bar_arrive<256>(other_turn);
+      if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
       wgmma_wait<0>();
       finish_pv(nkb - 1);
       c = c0 + nkb;
@@ -344,9 +343,7 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   a.p = p;
   cudaError_t err = sm90_make_maps(p, D, a);
   if (err != cudaSuccess) return err;
-  static const bool pp = getenv("SAGE_SM90_NO_PINGPONG") == nullptr;  // EXPERIMENT, to be removed
-  auto kernel = p.o_dtype == DType::kBFloat16 ? (pp ? attn_sm90_kernel<D, __nv_bfloat16, true> : attn_sm90_kernel<D, __nv_bfloat16, false>)
-                                              : (pp ? attn_sm90_kernel<D, __half, true> : attn_sm90_kernel<D, __half, false>);
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, __nv_bfloat16> : attn_sm90_kernel<D, __half>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
   const int64_t tiles = static_cast<int64_t>(p.nq_pad / S::kBQ) * p.heads_q * p.batch;

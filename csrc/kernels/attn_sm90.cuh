@@ -252,12 +252,11 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
             if (col >= nk || (causal && col > row)) xb[i] = -INFINITY;
           }
         }
-        // The two rows of a thread (hr) go through each step together, so that one row's
-        // shuffle or MUFU latency is covered by the other row's independent work.
-        // Maxima of the two 64-key halves (as offset floats), four independent chains each.
-        float mx[2];
+        float alpha_new[2];
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
+          // maxima of the two halves (as offset floats); four independent chains each, so a
+          // lone warp is not held up by one long dependency chain
           float mb[2][4];
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf)
@@ -268,34 +267,24 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
             mb[j / (BK / 16)][j % 4] = fmaxf(mb[j / (BK / 16)][j % 4], fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
           const float b0 = fmaxf(fmaxf(mb[0][0], mb[0][1]), fmaxf(mb[0][2], mb[0][3]));
           const float b1 = fmaxf(fmaxf(mb[1][0], mb[1][1]), fmaxf(mb[1][2], mb[1][3]));
-          mx[hr] = fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0, b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1);
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-        float alpha_new[2], e0[2], e1[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const float m_new = fmaxf(m[hr], mx[hr]);
+          const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
+                                               b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
+          const float m_new = fmaxf(m[hr], mx);
           alpha_new[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
           const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
           m[hr] = m_new;
-          e0[hr] = -fmaf(kMagic, f0, mo), e1[hr] = -fmaf(kMagic, f1, mo);
+          const float e0 = -fmaf(kMagic, f0, mo), e1 = -fmaf(kMagic, f1, mo);
+          float rs[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int j = 0; j < BK / 8; ++j)
+#pragma unroll
+            for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+              const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1));
+              xb[4 * j + e] = pe;
+              rs[j % 4] += pe;
+            }
+          l[hr] = l[hr] * alpha_new[hr] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
         }
-        float rs[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int j = 0; j < BK / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int hr = e >> 1;
-            const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0[hr] : e1[hr]));
-            xb[4 * j + e] = pe;
-            rs[hr][j % 4] += pe;
-          }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-          l[hr] = l[hr] * alpha_new[hr] + ((rs[hr][0] + rs[hr][1]) + (rs[hr][2] + rs[hr][3]));
 
         // P of this tile as e4m3 A fragments (k order of the permuted V^T rows)
 #pragma unroll

@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
       };
 
-      // K scales of the two 64-key halves of a tile, loaded one tile ahead: a load issued
-      // just before its use stalled every tile on the L2 latency (ncu: long scoreboard)
+      // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
+      // latency is not on the path from S to the softmax
       float kn0 = ksp[0], kn1 = ksp[k_groups];
       mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
       for (int kb = 0; kb < nkb; ++kb) {

@@ -6,10 +6,11 @@
 //      keeps quant_fp8.cu's pass-1 thread layout and summation order, so V's statistics are
 //      bit-identical to quant_v_fp8's.
 //   2. qkv_quant_kernel, a 1-D grid in three ranges: K blocks (one CTA per 64-row scale
-//      block), V tiles (one warp per 64 tokens x 64 channels) and Q blocks (one warp per
+//      block), V tiles (one warp per 64 tokens x 32 channels) and Q blocks (one warp per
 //      16-row scale block). Every warp loads its rows into registers once, reduces the
 //      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
 //      is quant_int8.cu's and quant_fp8.cu's.
+#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -26,8 +27,8 @@ constexpr int kStatChains = kStatThreads / (kStatChannels / 8);   // 64 token ch
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWarpRows = 16;        // rows one warp quantizes: a Q scale block, a quarter K block
-constexpr int kVTokens = 64;         // V tile of one warp: 64 tokens x 64 channels
-constexpr int kVChannels = 64;
+constexpr int kVTokens = 64;         // V tile of one warp: 64 tokens x 32 channels
+constexpr int kVChannels = 32;
 static_assert(kAttnWarpQ == kWarpRows && kAttnBlockK == kWarps * kWarpRows,
               "Q scale blocks are one warp's rows, K scale blocks one CTA's");
 
@@ -46,11 +47,21 @@ __device__ __forceinline__ uint4 load_bits8(const T* row, int col0, int d, bool 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Element i (a compile-time index after unrolling) of eight packed 16-bit values, as float.
+// Four consecutive elements as 16-bit patterns (load_bits8's, for half a chunk).
 template <typename T>
-__device__ __forceinline__ float elem(const uint4& u, int i) {
-  const uint32_t w = i < 2 ? u.x : (i < 4 ? u.y : (i < 6 ? u.z : u.w));
-  const uint32_t h = (i & 1) ? (w >> 16) : (w & 0xffffu);
+__device__ __forceinline__ uint2 load_bits4(const T* row, int col0, int d, bool vec) {
+  if (vec && col0 + 4 <= d) return *reinterpret_cast<const uint2*>(row + col0);
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (col0 + i < d) w[i / 2] |= static_cast<uint32_t>(bits_of(row[col0 + i])) << (16 * (i % 2));
+  return make_uint2(w[0], w[1]);
+}
+
+// The low (hi = 0) or high 16-bit element of a word, as float.
+template <typename T>
+__device__ __forceinline__ float half_of(uint32_t w, int hi) {
+  const uint32_t h = hi ? (w >> 16) : (w & 0xffffu);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return __uint_as_float(h << 16);
   } else {
@@ -58,11 +69,47 @@ __device__ __forceinline__ float elem(const uint4& u, int i) {
   }
 }
 
-// Symmetric INT8 of x * inv: round half away from zero, saturate to +-127 (quant_int8.cu's).
+// Element i (a compile-time index after unrolling) of eight / four packed 16-bit values.
+template <typename T>
+__device__ __forceinline__ float elem(const uint4& u, int i) {
+  return half_of<T>(i < 2 ? u.x : (i < 4 ? u.y : (i < 6 ? u.z : u.w)), i & 1);
+}
+template <typename T>
+__device__ __forceinline__ float elem(const uint2& u, int i) {
+  return half_of<T>(i < 2 ? u.x : u.y, i & 1);
+}
+
+// max(m, |x|) of two packed 16-bit pairs (m non-negative), exact in the input type; a NaN
+// in x leaves m (as fmaxf does).
+template <typename T>
+__device__ __forceinline__ uint32_t max_abs2(uint32_t m, uint32_t x) {
+  x &= 0x7fff7fffu;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 a, b;
+    memcpy(&a, &m, 4), memcpy(&b, &x, 4);
+    a = __hmax2(a, b);
+    memcpy(&m, &a, 4);
+  } else {
+    __half2 a, b;
+    memcpy(&a, &m, 4), memcpy(&b, &x, 4);
+    a = __hmax2(a, b);
+    memcpy(&m, &a, 4);
+  }
+  return m;
+}
+
+// Symmetric INT8 of x * inv, round half away from zero, saturated to +-127: quant_int8.cu's
+// arithmetic and results (NaN -> +-127 included), with the floor and the conversion to an
+// integer done by full-rate fp32 adds instead of the quarter-rate FRND and F2I. The code is
+// the low byte of the result.
 __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
+  constexpr float k2p23 = 8388608.f;     // ulp 1 from here: x + 2^23 rounded toward zero is 2^23 + floor(x)
+  constexpr float k3p22 = 12582912.f;    // 1.5 * 2^23: m + it holds m (|m| <= 127) in its low bits
   const float t = __fmul_rn(x, inv);
-  const float m = fminf(floorf(__fadd_rn(fabsf(t), 0.5f)), 127.f);
-  return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(copysignf(m, t)))));
+  const float a = __fadd_rn(fabsf(t), 0.5f);                 // 0.5 <= a (or NaN), below 2^23
+  const float f = __fsub_rn(__fadd_rz(a, k2p23), k2p23);     // floor(a), exact
+  const float m = copysignf(fminf(f, 127.f), t);
+  return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
 }
 
 // ============================== 1. statistics ==============================
@@ -247,13 +294,35 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
 
   // |y| maxima of the row classes this lane holds (rows past n do not count)
   float am[S::kSlots];
+  if (j.mean) {
 #pragma unroll
-  for (int s = 0; s < S::kSlots; ++s) am[s] = 0.f;
+    for (int s = 0; s < S::kSlots; ++s) am[s] = 0.f;
 #pragma unroll
-  for (int it = 0; it < S::kIters; ++it) {
-    if (j.row0 + it * S::kRowsPerIter + lr < j.n) {
+    for (int it = 0; it < S::kIters; ++it) {
+      if (j.row0 + it * S::kRowsPerIter + lr < j.n) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) am[it % S::kSlots] = fmaxf(am[it % S::kSlots], fabsf(value(it, i)));
+        for (int i = 0; i < 16; ++i) am[it % S::kSlots] = fmaxf(am[it % S::kSlots], fabsf(value(it, i)));
+      }
+    }
+  } else {
+    // max |x * prescale| = max |x| * |prescale| (rounding is monotonic): the maxima of the
+    // raw pairs, then one multiply; rows past n were loaded as zeros
+    uint32_t m2[S::kSlots];
+#pragma unroll
+    for (int s = 0; s < S::kSlots; ++s) m2[s] = 0u;
+#pragma unroll
+    for (int it = 0; it < S::kIters; ++it) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t& m = m2[it % S::kSlots];
+        m = max_abs2<T>(max_abs2<T>(m, raw[it][h].x), raw[it][h].y);
+        m = max_abs2<T>(max_abs2<T>(m, raw[it][h].z), raw[it][h].w);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < S::kSlots; ++s) {
+      const float m = fmaxf(half_of<T>(m2[s], 0), half_of<T>(m2[s], 1));
+      am[s] = scaled ? __fmul_rn(m, fabsf(j.prescale)) : m;
     }
   }
   // over the lanes of a row: slot s of lane group lr is then the class s * kRowsPerIter + lr
@@ -313,9 +382,9 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   }
 }
 
-// One warp's V tile: 64 tokens x 64 channels of one kv head, written as e4m3 [channel][token]
+// One warp's V tile: 64 tokens x 32 channels of one kv head, written as e4m3 [channel][token]
 // with the tokens of each 16-token group in the MMA's order 0,1,8,9,2,3,10,11,...,6,7,14,15
-// (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels cgrp*8.. +8 of tokens
+// (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels cgrp*4.. +4 of tokens
 // tg*16.. +16: it holds a whole permuted group of each of its channels, one 16-byte store each.
 template <typename T, int DP>
 __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t unit) {
@@ -331,21 +400,21 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t un
   const int tn = tiles_n - 1 - static_cast<int>(rest / bhs);
   const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
   const int n = p.v.n, d = p.v.d;
-  const int n0 = tn * kVTokens + tg * 16, c0 = tc * kVChannels + cgrp * 8;
+  const int n0 = tn * kVTokens + tg * 16, c0 = tc * kVChannels + cgrp * 4;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
 
-  uint4 raw[16];
+  uint2 raw[16];
 #pragma unroll
   for (int t = 0; t < 16; ++t) {
-    raw[t] = make_uint4(0u, 0u, 0u, 0u);
-    if (n0 + t < n && c0 < d) raw[t] = load_bits8(v + (n0 + t) * p.v.stride_n, c0, d, vec);
+    raw[t] = make_uint2(0u, 0u);
+    if (n0 + t < n && c0 < d) raw[t] = load_bits4(v + (n0 + t) * p.v.stride_n, c0, d, vec);
   }
   const float* inv_g = p.v_inv + bh * DP + c0;
   const float* mean_g = p.v_mean ? p.v_mean + bh * DP + c0 : nullptr;
   uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 4; ++i) {
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     if (c0 + i < d) {
       const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
@@ -367,7 +436,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t un
 
 // Blocks [0, k_ctas): K; [k_ctas, k_ctas + v_ctas): V; the rest: Q.
 template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads, 4) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
+__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
   __shared__ float red[kWarps][4];
   const int warp = threadIdx.x >> 5;
   int64_t blk = blockIdx.x;

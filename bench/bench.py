@@ -3,6 +3,7 @@
     python bench/bench.py                 # full table: N 1k..32k, D 64/128, causal and not
     python bench/bench.py --quick         # N 1k, 4k, 16k only
     python bench/bench.py --n 16384 --d 128 --no-causal
+    python bench/bench.py --replot bench/results/<run>.json   # redraw a recorded run's PNG
 
 TOPS = 4*B*H*N^2*D (halved when causal) over the median time of the whole call, quantization
 included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. Each backend's time
@@ -120,7 +121,7 @@ def markdown(rows, names):
     return head + body
 
 
-def plot(rows, names, path):
+def plot(rows, names, path, device=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,7 +141,7 @@ def plot(rows, names, path):
         ax.set_ylabel("TOPS (end to end)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{torch.cuda.get_device_name()} - bf16, B=4, H=32 (B=1 at 32k)")
+    fig.suptitle(f"{device or torch.cuda.get_device_name()} - bf16, B=4, H=32 (B=1 at 32k)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -156,7 +157,13 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--tag", default="", help="extra word in the output file names")
+    ap.add_argument("--replot", metavar="JSON", help="only draw the PNG of a recorded run, next to its JSON (no GPU)")
     args = ap.parse_args(argv)
+    if args.replot:
+        rec = json.loads(Path(args.replot).read_text())
+        names = list(dict.fromkeys(r["backend"] for r in rec["rows"]))
+        plot(rec["rows"], names, Path(args.replot).with_suffix(".png"), rec["meta"]["device"])
+        return
     if not torch.cuda.is_available():
         sys.exit("bench.py needs a CUDA GPU")
     ns = args.n or ([1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768])

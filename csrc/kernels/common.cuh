@@ -33,6 +33,25 @@ __device__ __forceinline__ bool vec_ok(const void* base, int64_t sb, int64_t sh,
          sn % per16 == 0 && d % per16 == 0;
 }
 
+// Combines eight per-channel partials across the lanes 4, 8 and 16 apart (the eight token
+// chains of a warp whose lane % 4 picks the channel group), with `op` (sum, max or min).
+template <typename Op>
+__device__ __forceinline__ void reduce_token_chains(float (&a)[8], Op op) {
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = op(a[i], __shfl_xor_sync(0xffffffffu, a[i], off));
+}
+struct OpAdd {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct OpMax {
+  __device__ float operator()(float x, float y) const { return fmaxf(x, y); }
+};
+struct OpMin {
+  __device__ float operator()(float x, float y) const { return fminf(x, y); }
+};
+
 __device__ __forceinline__ float warp_max_quad(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

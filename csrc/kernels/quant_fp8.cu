@@ -39,15 +39,9 @@ __global__ void __launch_bounds__(kThreads) quant_v_fp8_kernel(const QuantVFp8Pa
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] += x[i], mx[i] = fmaxf(mx[i], x[i]), mn[i] = fminf(mn[i], x[i]);
   }
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-      mn[i] = fminf(mn[i], __shfl_xor_sync(0xffffffffu, mn[i], off));
-    }
-  }
+  reduce_token_chains(s, OpAdd());
+  reduce_token_chains(mx, OpMax());
+  reduce_token_chains(mn, OpMin());
   if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i], red[2][warp][cg * 8 + i] = mn[i];

@@ -172,16 +172,10 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
     }
   }
   // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-      mn[i] = fminf(mn[i], __shfl_xor_sync(0xffffffffu, mn[i], off));
-      sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], off);
-    }
-  }
+  reduce_token_chains(s, OpAdd());
+  reduce_token_chains(mx, OpMax());
+  reduce_token_chains(mn, OpMin());
+  reduce_token_chains(sk, OpAdd());
   if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

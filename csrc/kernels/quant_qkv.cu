@@ -238,6 +238,16 @@ struct RowJob {
   float* scale;           // the scale block's G scales
 };
 
+// The rows of head (b, h) of a [B, H, N, D] input.
+template <typename T>
+__device__ __forceinline__ RowJob rows_of(const Input4D& in, int b, int h) {
+  RowJob j;
+  j.x = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h;
+  j.stride_n = in.stride_n, j.n = in.n, j.d = in.d;
+  j.vec = vec_ok<T>(in.data, in.stride_b, in.stride_h, in.stride_n, in.d);
+  return j;
+}
+
 // `red` (shared, [kWarps][4]): the warps of a CTA share one scale block (K); null: the
 // warp's own block (Q). All threads of the CTA call it in the first case.
 template <typename T, int DP, int G>
@@ -441,10 +451,7 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
     const int64_t bh = blk % bhs;
     const int rb = nblk - 1 - static_cast<int>(blk / bhs);
     const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
-    RowJob j;
-    j.x = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
-    j.stride_n = p.k.stride_n, j.n = p.k.n, j.d = p.k.d;
-    j.vec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, p.k.d);
+    RowJob j = rows_of<T>(p.k, b, h);
     j.row0 = rb * kAttnBlockK + warp * kWarpRows;
     j.prescale = 1.f;
     j.mean = p.k_mean ? p.k_mean + bh * p.k.d : nullptr;
@@ -473,10 +480,7 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   const int rb = static_cast<int>(unit % nblk);
   const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
   const int hkv = h / (p.q.heads / p.k.heads);
-  RowJob j;
-  j.x = static_cast<const T*>(p.q.data) + b * p.q.stride_b + h * p.q.stride_h;
-  j.stride_n = p.q.stride_n, j.n = p.q.n, j.d = p.q.d;
-  j.vec = vec_ok<T>(p.q.data, p.q.stride_b, p.q.stride_h, p.q.stride_n, p.q.d);
+  RowJob j = rows_of<T>(p.q, b, h);
   j.row0 = rb * kAttnWarpQ;
   j.prescale = p.q_prescale;
   j.mean = nullptr;

@@ -49,6 +49,31 @@ struct Sm90Shape {
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
 
+// 2^x on the FMA pipe, for a share of the softmax's exponentials: the MUFU unit does 16 per
+// clock per SM and is otherwise the busiest unit after the tensor cores. Round-to-nearest
+// splits x into n + f, f in [-1/2, 1/2] (the 1.5*2^23 addition leaves n in the low mantissa
+// bits), a degree-3 polynomial gives 2^f (relative error <= 7.5e-5; degree 2, at 1.7e-3,
+// moved enough P values to the next e4m3 step to fail the tests against the reference) and n
+// is added to the exponent. x is clamped at -125 so that the result stays a normal float
+// (it then rounds to 0 in e4m3 like the exact value; masked -inf scores land there too).
+__device__ __forceinline__ float ex2_fma(float x) {
+  x = fmaxf(x, -125.f);
+  const float t = x + 12582912.f;
+  const float f = x - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.055171154f, f, 0.24261014f), f, 0.69326097f), f, 0.9999281f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
+// Which exponentials go to ex2_fma: in each thread's row, those of every kPoly-th column pair
+// (0: none). Measured on the H100 (bench/NOTES.md): at D=64 the GEMMs are half as long,
+// so a larger share pays. SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
+#ifndef SAGE_SM90_POLY64
+#define SAGE_SM90_POLY64 4
+#endif
+#ifndef SAGE_SM90_POLY128
+#define SAGE_SM90_POLY128 8
+#endif
+
 // One work tile: 128 query rows of one (batch, head). Tiles are numbered with the query
 // block fastest, so the CTAs running at one time share a head's K and V in L2; causal
 // tiles of a head go longest first.
@@ -77,6 +102,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
   constexpr float kMagic = 12582912.f;                 // 1.5 * 2^23
+  constexpr int kPoly = D == 64 ? SAGE_SM90_POLY64 : SAGE_SM90_POLY128;
   const AttnParams& p = a.p;
 
   extern __shared__ uint8_t smem_raw[];
@@ -194,25 +220,28 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[(c0 + kb) % ST]);  // K and V of this slot are consumed
+#ifndef SAGE_X_NOFOLD
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
+#endif
       };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
       // latency is not on the path from S to the softmax
       float kn0 = ksp[0], kn1 = ksp[k_groups];
       mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
+      mbar_wait(&full_k[c0 % ST], (c0 / ST) & 1);
       for (int kb = 0; kb < nkb; ++kb) {
         const float ks0 = kn0, ks1 = kn1;
         if (kb + 1 < nkb) {
           kn0 = ksp[static_cast<int64_t>(2 * kb + 2) * k_groups];
           kn1 = ksp[static_cast<int64_t>(2 * kb + 3) * k_groups];
         }
-        const int st = (c0 + kb) % ST, ph = ((c0 + kb) / ST) & 1;
+        const int st = (c0 + kb) % ST;
         const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
-        mbar_wait(&full_k[st], ph);
-        if (kb > 0) mbar_wait(&full_v[(c0 + kb - 1) % ST], ((c0 + kb - 1) / ST) & 1);
 
+        // K of this tile and V of the previous one have landed: waited for during the
+        // previous tile's GEMMs (below), off the path from one softmax to the next GEMMs
         named_bar_sync<256>(my_turn);
         wgmma_fence();
         if (kb > 0) issue_pv(kb - 1);
@@ -223,6 +252,11 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         }
         wgmma_commit();
         named_bar_arrive<256>(other_turn);
+        // The operands of the next turn, while this turn's GEMMs run. No deadlock: the
+        // producer refills K slot kb+1 once PV of tile kb+1-kStages is done, in both
+        // consumers' earlier turns, which wait on nothing this consumer still holds.
+        if (kb + 1 < nkb) mbar_wait(&full_k[(c0 + kb + 1) % ST], ((c0 + kb + 1) / ST) & 1);
+        mbar_wait(&full_v[st], ((c0 + kb) / ST) & 1);
 
         // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
         // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
@@ -242,6 +276,14 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // 64-key halves of the tile (K scales come per 64 keys).
         const float f0 = qsc * ks0, f1 = qsc * ks1;
         float xb[NACC];
+#ifdef SAGE_X_NOSOFTMAX
+#pragma unroll
+        for (int s = 0; s < BK / 32; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pa[s][r] = sacc[16 * s + r] & 0x37373737;
+        alpha[0] = alpha[1] = f0;
+        continue;
+#endif
 #pragma unroll
         for (int i = 0; i < NACC; ++i) xb[i] = __int_as_float(sacc[i] + 0x4B400000);
         if ((kb + 1) * BK > nk || (causal && (kb + 1) * BK - 1 > row_w)) {
@@ -259,12 +301,11 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           // lone warp is not held up by one long dependency chain
           float mb[2][4];
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) mb[hf][q] = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < BK / 8; ++j)
-            mb[j / (BK / 16)][j % 4] = fmaxf(mb[j / (BK / 16)][j % 4], fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]));
+          for (int j = 0; j < BK / 8; ++j) {
+            const float pm = fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]);
+            float& c = mb[j / (BK / 16)][j % 4];
+            c = j % (BK / 16) < 4 ? pm : fmaxf(c, pm);  // each chain starts at its first pair
+          }
           const float b0 = fmaxf(fmaxf(mb[0][0], mb[0][1]), fmaxf(mb[0][2], mb[0][3]));
           const float b1 = fmaxf(fmaxf(mb[1][0], mb[1][1]), fmaxf(mb[1][2], mb[1][3]));
           const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
@@ -274,14 +315,19 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
           m[hr] = m_new;
           const float e0 = -fmaf(kMagic, f0, mo), e1 = -fmaf(kMagic, f1, mo);
-          float rs[4] = {0.f, 0.f, 0.f, 0.f};
+          float rs[4];
 #pragma unroll
           for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
             for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-              const float pe = ex2(fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1));
+#ifdef SAGE_X_NOMUFU
+              const float pe = fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1);
+#else
+              const float xe = fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1);
+              const float pe = kPoly > 0 && j % kPoly == kPoly - 1 ? ex2_fma(xe) : ex2(xe);
+#endif
               xb[4 * j + e] = pe;
-              rs[j % 4] += pe;
+              rs[j % 4] = j < 4 && e == 2 * hr ? pe : rs[j % 4] + pe;  // each chain starts at its first element
             }
           l[hr] = l[hr] * alpha_new[hr] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
         }
@@ -297,8 +343,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         }
         alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
       }
-      // the last turn of this work tile: PV of its last key tile
-      mbar_wait(&full_v[(c0 + nkb - 1) % ST], ((c0 + nkb - 1) / ST) & 1);
+      // the last turn of this work tile: PV of its last key tile (its V waited for above)
       named_bar_sync<256>(my_turn);
       wgmma_fence();
       issue_pv(nkb - 1);

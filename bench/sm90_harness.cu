@@ -1,0 +1,109 @@
+// Times the Hopper attention kernel alone, without torch or the quantization: random int8 Q
+// and K, e4m3 V^T and scales in the layouts quant_qkv writes, then the median of N launches.
+// For kernel experiments (build variants with -D flags and compare them in one device call):
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DSAGE_SM90 -DSAGE_FP8 \
+//     -Icsrc/kernels bench/sm90_harness.cu csrc/kernels/attn_sm90_host.cu \
+//     csrc/kernels/attn_sm90_d64.cu csrc/kernels/attn_sm90_d128.cu -o /tmp/h
+//   /tmp/h D B H N [causal] [iters]      e.g. /tmp/h 128 1 32 16384
+//
+// Prints the kernel's median time and TOPS (4*B*H*N^2*D operations, halved when causal).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "launch.h"
+
+#define CHECK(x)                                                                       \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+__device__ uint32_t mix(uint64_t i) {
+  i ^= i >> 33;
+  i *= 0xff51afd7ed558ccdull;
+  i ^= i >> 33;
+  i *= 0xc4ceb9fe1a85ec53ull;
+  return static_cast<uint32_t>(i ^ (i >> 33));
+}
+
+// bytes: mode 0 int8 in [-127, 127]; mode 1 e4m3 with |x| <= 2^7 (never the NaN pattern)
+__global__ void fill_bytes(uint8_t* x, int64_t n, uint64_t seed, int mode) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix(i * 0x9e3779b97f4a7c15ull + seed);
+    x[i] = mode == 0 ? static_cast<uint8_t>(static_cast<int8_t>(int(r % 255) - 127)) : static_cast<uint8_t>(r & 0xf7);
+  }
+}
+
+__global__ void fill_f32(float* x, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s D B H N [causal] [iters]\n", argv[0]);
+    return 2;
+  }
+  const int D = std::atoi(argv[1]), B = std::atoi(argv[2]), H = std::atoi(argv[3]), N = std::atoi(argv[4]);
+  const int causal = argc > 5 ? std::atoi(argv[5]) : 0, iters = argc > 6 ? std::atoi(argv[6]) : 20;
+  const int nq_pad = (N + 127) / 128 * 128, nk_pad = nq_pad;
+  const int64_t nqk = int64_t(B) * H * nq_pad * D;
+  int8_t *q, *k;
+  uint8_t* v;
+  float *qs, *ks, *vs;
+  uint16_t* o;
+  CHECK(cudaMalloc(&q, nqk));
+  CHECK(cudaMalloc(&k, nqk));
+  CHECK(cudaMalloc(&v, int64_t(B) * H * D * nk_pad));
+  const int64_t nqs = int64_t(B) * H * (nq_pad / sage::kAttnWarpQ) * 8, nks = int64_t(B) * H * (nk_pad / sage::kAttnBlockK) * 4;
+  CHECK(cudaMalloc(&qs, nqs * 4));
+  CHECK(cudaMalloc(&ks, nks * 4));
+  CHECK(cudaMalloc(&vs, int64_t(B) * H * D * 4));
+  CHECK(cudaMalloc(&o, int64_t(B) * H * N * D * 2));
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), nqk, 1, 0);
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), nqk, 2, 0);
+  fill_bytes<<<1024, 256>>>(v, int64_t(B) * H * D * nk_pad, 3, 1);
+  // scores of a few units in the log2 domain: std(q.k) ~ sqrt(D) * 127^2 / 3
+  const float sc = std::sqrt(3.f / (std::sqrt(float(D)) * 127.f * 127.f / 3.f));
+  fill_f32<<<256, 256>>>(qs, nqs, sc);
+  fill_f32<<<256, 256>>>(ks, nks, sc);
+  fill_f32<<<256, 256>>>(vs, int64_t(B) * H * D, 1.f / 448.f);
+  CHECK(cudaDeviceSynchronize());
+
+  sage::AttnParams p{};
+  p.q = q, p.k = k, p.v = v, p.v_dtype = sage::DType::kBFloat16;
+  p.q_scale = qs, p.k_scale = ks, p.q_groups = 8, p.k_groups = 4, p.v_scale = vs, p.v_mean = nullptr;
+  p.o = o, p.o_dtype = sage::DType::kBFloat16;
+  p.o_stride_n = D, p.o_stride_h = int64_t(N) * D, p.o_stride_b = int64_t(H) * N * D, p.d_out = D;
+  p.lse = nullptr, p.lse_add = nullptr;
+  p.batch = B, p.heads_q = H, p.heads_kv = H, p.nq = N, p.nk = N, p.nq_pad = nq_pad, p.nk_pad = nk_pad;
+  p.causal = causal, p.accum = sage::PVAccum::kFp32Fp32;
+
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(sage::attn_sm90(p, D, nullptr));  // warm-up
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    CHECK(cudaEventRecord(e0));
+    CHECK(sage::attn_sm90(p, D, nullptr));
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
+  }
+  std::sort(ms.begin(), ms.end());
+  const double t = ms[iters / 2] * 1e-3;
+  const double ops = 4.0 * B * H * double(N) * N * D * (causal ? 0.5 : 1.0);
+  std::printf("D=%d B=%d H=%d N=%d causal=%d: %.1f us, %.0f TOPS\n", D, B, H, N, causal, t * 1e6, ops / t * 1e-12);
+  return 0;
+}

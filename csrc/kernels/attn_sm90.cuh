@@ -65,13 +65,13 @@ __device__ __forceinline__ float ex2_fma(float x) {
 }
 
 // Which exponentials go to ex2_fma: in each thread's row, those of every kPoly-th column pair
-// (0: none). Measured on the H100 (bench/NOTES.md): at D=64 the GEMMs are half as long,
-// so a larger share pays. SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
+// (0: none): a quarter at both head dims, the best of 0, 1/8, 1/4 and 1/2 measured on the
+// H100 (bench/NOTES.md). SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
 #ifndef SAGE_SM90_POLY64
 #define SAGE_SM90_POLY64 4
 #endif
 #ifndef SAGE_SM90_POLY128
-#define SAGE_SM90_POLY128 8
+#define SAGE_SM90_POLY128 4
 #endif
 
 // One work tile: 128 query rows of one (batch, head). Tiles are numbered with the query

@@ -220,10 +220,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[(c0 + kb) % ST]);  // K and V of this slot are consumed
-#ifndef SAGE_X_NOFOLD
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
-#endif
       };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
@@ -276,14 +274,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // 64-key halves of the tile (K scales come per 64 keys).
         const float f0 = qsc * ks0, f1 = qsc * ks1;
         float xb[NACC];
-#ifdef SAGE_X_NOSOFTMAX
-#pragma unroll
-        for (int s = 0; s < BK / 32; ++s)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) pa[s][r] = sacc[16 * s + r] & 0x37373737;
-        alpha[0] = alpha[1] = f0;
-        continue;
-#endif
 #pragma unroll
         for (int i = 0; i < NACC; ++i) xb[i] = __int_as_float(sacc[i] + 0x4B400000);
         if ((kb + 1) * BK > nk || (causal && (kb + 1) * BK - 1 > row_w)) {
@@ -320,12 +310,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
             for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-#ifdef SAGE_X_NOMUFU
-              const float pe = fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1);
-#else
               const float xe = fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1);
               const float pe = kPoly > 0 && j % kPoly == kPoly - 1 ? ex2_fma(xe) : ex2(xe);
-#endif
               xb[4 * j + e] = pe;
               rs[j % 4] = j < 4 && e == 2 * hr ? pe : rs[j % 4] + pe;  // each chain starts at its first element
             }

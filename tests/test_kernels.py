@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import sageattention as sa
+from sageattention import dispatch
 from helpers import (
     LSE_VS_FP32,
     assert_close_to_fp32,
@@ -25,6 +26,18 @@ from sageattention import triton as st
 from sageattention.reference import attention_exact, attention_quantized, error_metrics
 
 FUNCS = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
+
+
+@pytest.fixture(autouse=True)
+def sageattn_runs_triton(monkeypatch):
+    """This file checks the Triton kernels through ``sageattn`` too, against the Triton
+    kernel's reference and bounds. On a GPU with a compiled kernel ``sageattn`` would choose
+    that one instead (the fp8 Hopper kernel on an H100, which failed these bounds there);
+    test_gpu.py tests those choices. Here the dispatcher sees only Triton."""
+    select = dispatch.select
+    monkeypatch.setattr(dispatch, "select", lambda cap, avail, *a: select(cap, [b for b in avail if b == "triton"], *a))
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "_cache", {})
 
 # (hq, hk, nq, nk, d): GQA, MQA, Nq != Nk both ways, tails, head dims that need padding
 SHAPES = [

@@ -39,6 +39,7 @@ def sageattn_runs_triton(monkeypatch):
     monkeypatch.setattr(dispatch, "_warned", set())
     monkeypatch.setattr(dispatch, "_cache", {})
 
+
 # (hq, hk, nq, nk, d): GQA, MQA, Nq != Nk both ways, tails, head dims that need padding
 SHAPES = [
     (2, 2, 130, 130, 64),

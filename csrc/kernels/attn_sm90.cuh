@@ -56,10 +56,12 @@ struct Sm90Shape {
 // moved enough P values to the next e4m3 step to fail the tests against the reference) and n
 // is added to the exponent. x is clamped at -125 so that the result stays a normal float
 // (it then rounds to 0 in e4m3 like the exact value; masked -inf scores land there too).
+constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer kept in the low mantissa bits
+
 __device__ __forceinline__ float ex2_fma(float x) {
   x = fmaxf(x, -125.f);
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
+  const float t = x + kMagic;
+  const float f = x - (t - kMagic);
   const float p = fmaf(fmaf(fmaf(0.055171154f, f, 0.24261014f), f, 0.69326097f), f, 0.9999281f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
@@ -101,7 +103,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   constexpr int ST = S::kStages, BK = S::kBK;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
-  constexpr float kMagic = 12582912.f;                 // 1.5 * 2^23
   constexpr int kPoly = D == 64 ? SAGE_SM90_POLY64 : SAGE_SM90_POLY128;
   const AttnParams& p = a.p;
 

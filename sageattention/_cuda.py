@@ -166,4 +166,5 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         block_n=kv_block(module),
         pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
+        l_from_pv=module == SM90,
     )

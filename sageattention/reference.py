@@ -66,6 +66,9 @@ class QuantConfig:
     smooth_v: bool = False
     v_scale_max: float = FP8_E4M3_MAX
     p_scale: float = FP8_E4M3_MAX
+    # row sums l of the rounded P that the PV product multiplies (the sm90 kernel reads them
+    # off its tensor cores, a column of ones next to V) instead of the unrounded P
+    l_from_pv: bool = False
 
     def __post_init__(self):
         for name in ("qk_gran", "q_gran", "k_gran"):
@@ -340,8 +343,8 @@ def attention_quantized(
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp2(mc - m_safe)
             p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
-            lc = lc * alpha + p.sum(dim=-1)
             pr = round_to(p * cfg.p_scale, "fp8") / cfg.p_scale if cfg.pv == "fp8" else round_to(p, cfg.pv)
+            lc = lc * alpha + (pr if cfg.l_from_pv else p).sum(dim=-1)
             blk = torch.matmul(pr, vop[..., j0 : j0 + cfg.block_n, :].to(f64))
             if block_acc is not None:
                 # per-block accumulator of limited range: the kernel sums p_scaled * v there

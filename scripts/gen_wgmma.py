@@ -1,5 +1,5 @@
 """Generate csrc/kernels/wgmma_ops.cuh: inline-PTX wrappers of the wgmma instructions the
-Hopper kernel uses. Each wrapper names every accumulator register (64 or 32 of them), which
+Hopper kernel uses. Each wrapper names every accumulator register (up to 68 of them), which
 is tedious and error-prone to write by hand, hence this script.
 
     python scripts/gen_wgmma.py            # rewrite the header
@@ -15,14 +15,15 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "csrc", "kernels", "wgmma_ops.cuh")
 
-# (name, shape k, accumulator C type, constraint, A/B type string, A from registers, extra immediates)
+# (name, shape k, accumulator C type, constraint, A/B type string, A from registers, extra
+# immediates, the N of the wrappers)
 OPS = (
     # S = Q K^T: int8 x int8 -> int32, both operands from shared memory
-    ("wgmma_s8_ss", 32, "int32_t", "r", "s32.s8.s8", False, ""),
-    # O += P V: e4m3 P from registers, e4m3 V^T from shared memory, fp32 accumulate
-    ("wgmma_e4m3_rs", 32, "float", "f", "f32.e4m3.e4m3", True, ", 1, 1"),
+    ("wgmma_s8_ss", 32, "int32_t", "r", "s32.s8.s8", False, "", (64, 128)),
+    # O += P V: e4m3 P from registers, e4m3 V^T from shared memory, fp32 accumulate. N = D + 8:
+    # V^T with 8 rows of ones, whose columns of the product are the row sums of P
+    ("wgmma_e4m3_rs", 32, "float", "f", "f32.e4m3.e4m3", True, ", 1, 1", (64, 72, 128, 136)),
 )
-NS = (64, 128)
 
 
 def wrapper(name, k, ctype, cons, types, a_regs, imm, n, zero=False):
@@ -63,13 +64,13 @@ def render() -> str:
         "// 16 * warp + lane / 4 + 8 * ((i / 2) % 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.\n"
         "#pragma once\n\n#include <cstdint>\n\nnamespace sage {\n\n"
     ]
-    for name, k, ctype, cons, types, a_regs, imm in OPS:
+    for name, k, ctype, cons, types, a_regs, imm, ns in OPS:
         a_param = "const uint32_t (&a)[4]" if a_regs else "uint64_t desc_a"
         parts.append(f"template <int N>\n__device__ __forceinline__ void {name}({ctype} (&d)[N / 2], {a_param}, "
                      "uint64_t desc_b, int accumulate);\n")
         parts.append(f"template <int N>\n__device__ __forceinline__ void {name}_zero({ctype} (&d)[N / 2], {a_param}, "
                      "uint64_t desc_b);\n")
-        for n in NS:
+        for n in ns:
             parts.append(wrapper(name, k, ctype, cons, types, a_regs, imm, n))
             parts.append(wrapper(name, k, ctype, cons, types, a_regs, imm, n, zero=True))
         parts.append("\n")

@@ -214,6 +214,18 @@ def test_acceptance_inputs_meet_the_bar(causal):
     assert m["cos"] >= 0.9999 and m["rel_l1"] <= 0.015, m
 
 
+def test_row_sums_of_the_rounded_p():
+    """l_from_pv (the sm90 kernel's row sums, read off the PV product): the weights that
+    multiply V are normalized by their own sum, so a constant V comes out exactly; with the
+    sums of the unrounded P (the other kernels) it comes out off by P's e4m3 rounding."""
+    q, k, _ = make_qkv(1, 2, 2, 64, 300, 64, torch.float32, seed=3)
+    v = torch.full_like(k, 0.75)  # e4m3 after scaling: 448 exactly
+    cfg = QuantConfig(pv="fp8", block_n=128)
+    exact_sums = attention_quantized(q, k, v, cfg=cfg.with_(l_from_pv=True))
+    assert (exact_sums - 0.75).abs().max() < 1e-6
+    assert (attention_quantized(q, k, v, cfg=cfg) - 0.75).abs().max() > 1e-4
+
+
 def test_empty_rows_give_zero_not_nan():
     # all keys masked for every row cannot happen with top-left causal, but a row with no
     # key at all (N_k = 0) must give zeros and -inf LSE, not NaN

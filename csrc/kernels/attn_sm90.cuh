@@ -12,7 +12,10 @@
 //     online softmax in base 2, P scaled by 448 into e4m3 and kept in registers as the A
 //     operand of O_blk = P V (wgmma e4m3, fp32), then O = O * alpha + O_blk (two-level
 //     accumulation: the tensor core sums only 128 keys in its reduced-precision fp8
-//     accumulator). The V scale and 1/l are applied in the epilogue.
+//     accumulator). The PV product runs over D + 8 rows of V^T, the last 8 all ones, so its
+//     last columns are the row sums l of the e4m3 P (no adds for them in the softmax; O is
+//     normalized by the sum of the weights it was actually given). The V scale and 1/l are
+//     applied in the epilogue.
 //     Overlap: the PV product of tile kb-1 is issued right after QK^T of tile kb and runs
 //     during tile kb's softmax; and the two consumers alternate their GEMM issue (ping-pong)
 //     so that one's softmax hides behind the other's tensor-core work.
@@ -42,9 +45,12 @@ struct Sm90Shape {
   static constexpr int kQBufs = 2;    // Q of the next work tile lands while this one runs
   static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
+  // Each V^T stage is followed by 8 rows of e4m3 ones (written once): the PV product over
+  // D + 8 rows gives O and, in its last 8 columns, the row sums of the e4m3 P it multiplied.
+  static constexpr int kOnesBytes = 8 * kBK, kVStride = kVBytes + kOnesBytes;
   static constexpr int kOffK = kQBufs * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  static constexpr int kOffBar = kOffV + kStages * kVBytes;
+  static constexpr int kOffBar = kOffV + kStages * kVStride;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
@@ -102,6 +108,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   using S = Sm90Shape<D>;
   constexpr int ST = S::kStages, BK = S::kBK;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
+  static_assert(BK == 128, "the row maxima below take 16 scores per row and 64-key half");
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
   constexpr int kPoly = D == 64 ? SAGE_SM90_POLY64 : SAGE_SM90_POLY128;
   const AttnParams& p = a.p;
@@ -130,6 +137,11 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     }
     mbar_fence_init();
   }
+  for (int i = tid; i < ST * S::kOnesBytes / 4; i += S::kThreads) {
+    const int st = i / (S::kOnesBytes / 4), w = i % (S::kOnesBytes / 4);
+    reinterpret_cast<uint32_t*>(smem + S::kOffV + st * S::kVStride + S::kVBytes)[w] = 0x38383838u;  // e4m3 1.0
+  }
+  fence_proxy_async();  // the ones are read by wgmma (the async proxy)
   __syncthreads();
 
   if (wg == 0) {
@@ -155,7 +167,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           mbar_expect_tx(&full_k[st], S::kKBytes);
           tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
           mbar_expect_tx(&full_v[st], S::kVBytes);
-          tma_load_2d(smem + S::kOffV + st * S::kVBytes, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
+          tma_load_2d(smem + S::kOffV + st * S::kVStride, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
         }
       }
     }
@@ -194,56 +206,66 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
 
       float o[D / 2];
-      float blk[D / 2];    // PV of one tile (written by the tensor cores)
+      float blk[D / 2 + 4];  // PV of one tile and the row sums of its P (written by the tensor cores)
       int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
       uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
 
-      // O = O * alpha + P V for key tile `kb` (ring slot of c0 + kb), issued inside a turn.
-      auto issue_pv = [&](int kb) {
-        const int pst = (c0 + kb) % ST;
-        const uint64_t dv = kmajor_desc<128>(smem_addr(smem + S::kOffV + pst * S::kVBytes));
+      // Ring slot and phase of key tile kb, advanced once per tile (no divisions by kStages
+      // in the loop), and the slot of tile kb-1. Descriptors of slot st: base + st * bytes/16.
+      int st = c0 % ST, ph = (c0 / ST) & 1, pst = 0;
+      const uint64_t dk0 = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
+      const uint64_t dv0 = kmajor_desc<128>(smem_addr(smem + S::kOffV));
+
+      // O = O * alpha + P V for key tile kb-1 (ring slot pst), issued inside a turn.
+      auto issue_pv = [&]() {
+        const uint64_t dv = dv0 + pst * (S::kVStride >> 4);
 #pragma unroll
         for (int s = 0; s < BK / 32; ++s) {
-          if (s == 0) wgmma_e4m3_rs_zero<D>(blk, pa[s], dv);
-          else wgmma_e4m3_rs<D>(blk, pa[s], dv + 2 * s, 1);
+          if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], dv);
+          else wgmma_e4m3_rs<D + 8>(blk, pa[s], dv + 2 * s, 1);
         }
         wgmma_commit();
       };
-      auto finish_pv = [&](int kb) {
+      auto finish_pv = [&]() {
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) reg_fence(blk[i]);
+        for (int i = 0; i < D / 2 + 4; ++i) reg_fence(blk[i]);
 #pragma unroll
         for (int s = 0; s < BK / 32; ++s)
 #pragma unroll
           for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[(c0 + kb) % ST]);  // K and V of this slot are consumed
+        if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
+        // columns D + 2t, D + 2t + 1 (equal): the sums of rows g and g + 8
+        l[0] = l[0] * alpha[0] + blk[D / 2];
+        l[1] = l[1] * alpha[1] + blk[D / 2 + 2];
       };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
       // latency is not on the path from S to the softmax
       float kn0 = ksp[0], kn1 = ksp[k_groups];
+      const float* ksn = ksp + 2 * k_groups;  // the scales of the next tile
       mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
-      mbar_wait(&full_k[c0 % ST], (c0 / ST) & 1);
+      mbar_wait(&full_k[st], ph);
       for (int kb = 0; kb < nkb; ++kb) {
         const float ks0 = kn0, ks1 = kn1;
         if (kb + 1 < nkb) {
-          kn0 = ksp[static_cast<int64_t>(2 * kb + 2) * k_groups];
-          kn1 = ksp[static_cast<int64_t>(2 * kb + 3) * k_groups];
+          kn0 = ksn[0];
+          kn1 = ksn[k_groups];
+          ksn += 2 * k_groups;
         }
-        const int st = (c0 + kb) % ST;
-        const uint64_t dk = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK + st * S::kKBytes));
+        const uint64_t dk = dk0 + st * (S::kKBytes >> 4);
+        const int nst = st + 1 == ST ? 0 : st + 1, nph = nst == 0 ? ph ^ 1 : ph;
 
         // K of this tile and V of the previous one have landed: waited for during the
         // previous tile's GEMMs (below), off the path from one softmax to the next GEMMs
         named_bar_sync<256>(my_turn);
         wgmma_fence();
-        if (kb > 0) issue_pv(kb - 1);
+        if (kb > 0) issue_pv();
 #pragma unroll
         for (int ks = 0; ks < D / 32; ++ks) {
           if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, dq, dk);
@@ -254,8 +276,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // The operands of the next turn, while this turn's GEMMs run. No deadlock: the
         // producer refills K slot kb+1 once PV of tile kb+1-kStages is done, in both
         // consumers' earlier turns, which wait on nothing this consumer still holds.
-        if (kb + 1 < nkb) mbar_wait(&full_k[(c0 + kb + 1) % ST], ((c0 + kb + 1) / ST) & 1);
-        mbar_wait(&full_v[st], ((c0 + kb) / ST) & 1);
+        if (kb + 1 < nkb) mbar_wait(&full_k[nst], nph);
+        mbar_wait(&full_v[st], ph);
 
         // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
         // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
@@ -266,7 +288,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           __syncwarp();
           if (lane == 0) mbar_arrive(&empty_q[qb]);
         }
-        if (kb > 0) finish_pv(kb - 1);
+        if (kb > 0) finish_pv();
 
         // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
         // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
@@ -288,17 +310,20 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         float alpha_new[2];
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          // maxima of the two halves (as offset floats); four independent chains each, so a
-          // lone warp is not held up by one long dependency chain
-          float mb[2][4];
+          // Row maxima of the two 64-key halves (as offset floats). The offset floats are
+          // positive and -inf is negative as an int32, so their bit patterns order like them:
+          // three at a time with the sm_90 DPX 3-way integer max, 8 instructions for 16
+          // scores, as a shallow tree
+          int32_t bi[2];
 #pragma unroll
-          for (int j = 0; j < BK / 8; ++j) {
-            const float pm = fmaxf(xb[4 * j + 2 * hr], xb[4 * j + 2 * hr + 1]);
-            float& c = mb[j / (BK / 16)][j % 4];
-            c = j % (BK / 16) < 4 ? pm : fmaxf(c, pm);  // each chain starts at its first pair
+          for (int u = 0; u < 2; ++u) {
+            auto v = [&](int k) { return __float_as_int(xb[4 * (8 * u + k / 2) + 2 * hr + (k & 1)]); };
+            const int32_t a0 = __vimax3_s32(v(0), v(1), v(2)), a1 = __vimax3_s32(v(3), v(4), v(5));
+            const int32_t a2 = __vimax3_s32(v(6), v(7), v(8)), a3 = __vimax3_s32(v(9), v(10), v(11));
+            const int32_t a4 = __vimax3_s32(v(12), v(13), v(14));
+            bi[u] = __vimax3_s32(__vimax3_s32(a0, a1, a2), a3, max(a4, v(15)));
           }
-          const float b0 = fmaxf(fmaxf(mb[0][0], mb[0][1]), fmaxf(mb[0][2], mb[0][3]));
-          const float b1 = fmaxf(fmaxf(mb[1][0], mb[1][1]), fmaxf(mb[1][2], mb[1][3]));
+          const float b0 = __int_as_float(bi[0]), b1 = __int_as_float(bi[1]);
           const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
                                                b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
           const float m_new = fmaxf(m[hr], mx);
@@ -306,7 +331,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
           m[hr] = m_new;
           const float e0 = -fmaf(kMagic, f0, mo), e1 = -fmaf(kMagic, f1, mo);
-          float rs[4];
 #pragma unroll
           for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
@@ -314,9 +338,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
               const float xe = fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1);
               const float pe = kPoly > 0 && j % kPoly == kPoly - 1 ? ex2_fma(xe) : ex2(xe);
               xb[4 * j + e] = pe;
-              rs[j % 4] = j < 4 && e == 2 * hr ? pe : rs[j % 4] + pe;  // each chain starts at its first element
             }
-          l[hr] = l[hr] * alpha_new[hr] + ((rs[0] + rs[1]) + (rs[2] + rs[3]));
         }
 
         // P of this tile as e4m3 A fragments (k order of the permuted V^T rows)
@@ -329,14 +351,15 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           pa[s][3] = to_e4m3x4(xb[i + 10], xb[i + 11], xb[i + 14], xb[i + 15]);
         }
         alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
+        pst = st, st = nst, ph = nph;
       }
       // the last turn of this work tile: PV of its last key tile (its V waited for above)
       named_bar_sync<256>(my_turn);
       wgmma_fence();
-      issue_pv(nkb - 1);
+      issue_pv();
       if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
       wgmma_wait<0>();
-      finish_pv(nkb - 1);
+      finish_pv();
       c = c0 + nkb;
 
       // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
@@ -345,7 +368,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const float lt = warp_sum_quad(l[hr]);
+        const float lt = l[hr];  // the whole row's sum (from the PV product)
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
         const int row = row_w + g + 8 * hr;
         if (row >= p.nq) continue;

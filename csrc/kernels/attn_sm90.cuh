@@ -73,10 +73,10 @@ __device__ __forceinline__ float ex2_fma(float x) {
 }
 
 // Which exponentials go to ex2_fma: in each thread's row, those of every kPoly-th column pair
-// (0: none): a quarter at both head dims, the best of 0, 1/8, 1/4 and 1/2 measured on the
-// H100 (bench/NOTES.md). SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
+// (0: none): a quarter at D=128 and an eighth at D=64, the best of 0, 1/8, 1/4 and 1/2
+// measured on the H100 (bench/NOTES.md). SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
 #ifndef SAGE_SM90_POLY64
-#define SAGE_SM90_POLY64 4
+#define SAGE_SM90_POLY64 8
 #endif
 #ifndef SAGE_SM90_POLY128
 #define SAGE_SM90_POLY128 4
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const int qb = it % S::kQBufs;
-      const uint64_t dq = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
+      const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
       const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
 
       float o[D / 2];
@@ -216,16 +216,16 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       // Ring slot and phase of key tile kb, advanced once per tile (no divisions by kStages
       // in the loop), and the slot of tile kb-1. Descriptors of slot st: base + st * bytes/16.
       int st = c0 % ST, ph = (c0 / ST) & 1, pst = 0;
-      const uint64_t dk0 = kmajor_desc<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
-      const uint64_t dv0 = kmajor_desc<128>(smem_addr(smem + S::kOffV));
+      const uint32_t dk0 = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
+      const uint32_t dv0 = kmajor_desc_lo<128>(smem_addr(smem + S::kOffV));
 
       // O = O * alpha + P V for key tile kb-1 (ring slot pst), issued inside a turn.
       auto issue_pv = [&]() {
-        const uint64_t dv = dv0 + pst * (S::kVStride >> 4);
+        const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
 #pragma unroll
         for (int s = 0; s < BK / 32; ++s) {
-          if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], dv);
-          else wgmma_e4m3_rs<D + 8>(blk, pa[s], dv + 2 * s, 1);
+          if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv));
+          else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
         }
         wgmma_commit();
       };
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           kn1 = ksn[k_groups];
           ksn += 2 * k_groups;
         }
-        const uint64_t dk = dk0 + st * (S::kKBytes >> 4);
+        const uint32_t dk = dk0 + st * (S::kKBytes >> 4);
         const int nst = st + 1 == ST ? 0 : st + 1, nph = nst == 0 ? ph ^ 1 : ph;
 
         // K of this tile and V of the previous one have landed: waited for during the
@@ -268,8 +268,9 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         if (kb > 0) issue_pv();
 #pragma unroll
         for (int ks = 0; ks < D / 32; ++ks) {
-          if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, dq, dk);
-          else wgmma_s8_ss<BK>(sacc, dq + 2 * ks, dk + 2 * ks, 1);
+          constexpr int SW = S::kQKSwizzle;
+          if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, kmajor_desc_at<SW>(dq), kmajor_desc_at<SW>(dk));
+          else wgmma_s8_ss<BK>(sacc, kmajor_desc_at<SW>(dq + 2 * ks), kmajor_desc_at<SW>(dk + 2 * ks), 1);
         }
         wgmma_commit();
         named_bar_arrive<256>(other_turn);
@@ -358,13 +359,19 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       wgmma_fence();
       issue_pv();
       if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
+      // The V scales of this thread's output columns, loaded while that PV runs, all at once:
+      // loaded in the store loop below, each load waited behind the previous store (which
+      // may alias it), one L2 round trip per column pair, ~9 us per work tile in all (ncu).
+      float2 vs[D / 8];
+      const float* vsc = p.v_scale + bhk * D;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
       wgmma_wait<0>();
       finish_pv();
       c = c0 + nkb;
 
       // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
       // work tile go on.
-      const float* vsc = p.v_scale + bhk * D;
       OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -377,8 +384,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
           const int col = 8 * j + 2 * t;
-          const float2 vs = *reinterpret_cast<const float2*>(vsc + col);
-          const float v0 = o[4 * j + 2 * hr] * inv * vs.x, v1 = o[4 * j + 2 * hr + 1] * inv * vs.y;
+          const float v0 = o[4 * j + 2 * hr] * inv * vs[j].x, v1 = o[4 * j + 2 * hr + 1] * inv * vs[j].y;
           store_out2(orow, col, v0, v1, pairs, p.d_out);
         }
       }

@@ -76,6 +76,20 @@ __device__ __forceinline__ uint64_t kmajor_desc(uint32_t saddr) {
   return d;
 }
 
+// The same descriptor as two 32-bit halves: the high half is a constant of the swizzle, the
+// low one holds the address (< 2^14 units of 16 bytes, so steps along K or between ring slots
+// added to it never carry out); joined at the wgmma, the kernel's arithmetic stays 32-bit.
+template <int SW>
+__device__ __forceinline__ uint32_t kmajor_desc_lo(uint32_t saddr) {
+  return ((saddr & 0x3FFFF) >> 4) | (1u << 16);
+}
+template <int SW>
+__device__ __forceinline__ uint64_t kmajor_desc_at(uint32_t lo) {
+  static_assert(SW == 128 || SW == 64, "128- or 64-byte swizzle");
+  constexpr uint32_t hi = ((8 * SW) >> 4) | ((SW == 128 ? 1u : 2u) << 30);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 // ---- named barriers (id 0 is __syncthreads) ----
 template <int THREADS>
 __device__ __forceinline__ void named_bar_sync(int id) {

@@ -35,6 +35,8 @@ namespace sage {
 
 struct Sm90Args {
   CUtensorMap tq, tk, tv;  // int8 Q [rows, D], int8 K [rows, D], e4m3 V^T [rows, nk_pad]
+  CUtensorMap to;          // O [batch, heads, nq, d_out] in 64x64 boxes, when o_tma
+  int o_tma;               // O is written by TMA (else by plain stores: strides TMA cannot take)
   AttnParams p;
 };
 
@@ -52,7 +54,11 @@ struct Sm90Shape {
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffVs = kOffV + kStages * kVStride;  // V scales of the work tile, per Q buffer
   static constexpr int kVsBytes = 4 * D;
-  static constexpr int kOffBar = kOffVs + kQBufs * kVsBytes;
+  // O of a work tile on its way out: per consumer 64 rows in D/64 boxes of 64x64 16-bit values,
+  // 128-byte swizzled (TMA's layout, and conflict-free for the accumulator's row pattern)
+  static constexpr int kOBox = 64 * 128, kOBytes = (D / 64) * kOBox;
+  static constexpr int kOffO = (kOffVs + kQBufs * kVsBytes + 1023) / 1024 * 1024;
+  static constexpr int kOffBar = kOffO + 2 * kOBytes;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
@@ -393,24 +399,54 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 
       // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
       // work tile go on.
-      OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+      if (a.o_tma) {
+        // O through shared memory and one TMA store per 64 columns: 32-bit global stores from
+        // the accumulator layout write 16 bytes per row and hold their source registers
+        uint8_t* ostage = smem + S::kOffO + cw * S::kOBytes;
+        const uint32_t ostage_s = smem_addr(ostage);
+        if (tid % 128 == 0) bulk_wait_read();  // the previous work tile's store has read it
+        named_bar_sync<128>(3 + cw);
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const float lt = l[hr];  // the whole row's sum (from the PV product)
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        const int row = row_w + g + 8 * hr;
-        if (row >= p.nq) continue;
-        if (p.lse && t == 0) write_lse(p, bh, row, m[hr], lt, OFF);
-        OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
+        for (int hr = 0; hr < 2; ++hr) {
+          const float lt = l[hr];  // the whole row's sum (from the PV product)
+          const float inv = lt > 0.f ? 1.f / lt : 0.f;
+          // row r of this consumer's 64 (r % 8 == g): its 16-byte chunk c sits at chunk c ^ g
+          const uint32_t rbase = ostage_s + (warp * 16 + g + 8 * hr) * 128 + 16 * g + 4 * t;
+          if (p.lse && t == 0 && row_w + g + 8 * hr < p.nq) write_lse(p, bh, row_w + g + 8 * hr, m[hr], lt, OFF);
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          const int col = 8 * j + 2 * t;
-          const float v0 = o[4 * j + 2 * hr] * inv * vs[j].x, v1 = o[4 * j + 2 * hr + 1] * inv * vs[j].y;
-          store_out2(orow, col, v0, v1, pairs, p.d_out);
+          for (int j = 0; j < D / 8; ++j) {
+            const float v0 = o[4 * j + 2 * hr] * inv * vs[j].x, v1 = o[4 * j + 2 * hr + 1] * inv * vs[j].y;
+            st_shared_xor(rbase + (j / 8) * S::kOBox, 16 * (j % 8), pack2<OutT>(v0, v1));
+          }
+        }
+        fence_proxy_async();
+        named_bar_sync<128>(3 + cw);
+        if (tid % 128 == 0) {
+#pragma unroll
+          for (int bx = 0; bx < D / 64; ++bx) tma_store_4d(&a.to, ostage + bx * S::kOBox, 64 * bx, tl.q0 + cw * 64, h, b);
+          bulk_commit();
+        }
+      } else {
+        OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const float lt = l[hr];  // the whole row's sum (from the PV product)
+          const float inv = lt > 0.f ? 1.f / lt : 0.f;
+          const int row = row_w + g + 8 * hr;
+          if (row >= p.nq) continue;
+          if (p.lse && t == 0) write_lse(p, bh, row, m[hr], lt, OFF);
+          OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            const int col = 8 * j + 2 * t;
+            const float v0 = o[4 * j + 2 * hr] * inv * vs[j].x, v1 = o[4 * j + 2 * hr + 1] * inv * vs[j].y;
+            store_out2(orow, col, v0, v1, pairs, p.d_out);
+          }
         }
       }
       tl = tn, qsc = qsc_n;
     }
+    if (a.o_tma && tid % 128 == 0) bulk_wait();  // shared memory stays until the stores are done
   }
 }
 

@@ -54,6 +54,25 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+// Stores v at shared address base ^ x (x a constant): the 128-byte swizzle's XOR of a 16-byte
+// chunk index, computed at the store (the compiler would otherwise hoist every address out of
+// the loops and keep, or spill, them).
+__device__ __forceinline__ void st_shared_xor(uint32_t base, uint32_t x, uint32_t v) {
+  asm volatile("{\n.reg .b32 a;\nxor.b32 a, %0, %1;\nst.shared.u32 [a], %2;\n}\n" ::"r"(base), "r"(x), "r"(v) : "memory");
+}
+// ---- TMA stores: a shared-memory box to a 4-D tensor (out-of-range parts are not written) ----
+__device__ __forceinline__ void tma_store_4d(const void* tmap, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(tmap)),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// The committed stores have read their shared-memory source (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// The committed stores are complete.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }

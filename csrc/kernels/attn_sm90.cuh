@@ -52,12 +52,11 @@ struct Sm90Shape {
   static constexpr int kOnesBytes = 8 * kBK, kVStride = kVBytes + kOnesBytes;
   static constexpr int kOffK = kQBufs * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  static constexpr int kOffVs = kOffV + kStages * kVStride;  // V scales of the work tile, per Q buffer
-  static constexpr int kVsBytes = 4 * D;
   // O of a work tile on its way out: per consumer 64 rows in D/64 boxes of 64x64 16-bit values,
   // 128-byte swizzled (TMA's layout, and conflict-free for the accumulator's row pattern)
   static constexpr int kOBox = 64 * 128, kOBytes = (D / 64) * kOBox;
-  static constexpr int kOffO = (kOffVs + kQBufs * kVsBytes + 1023) / 1024 * 1024;
+  static constexpr int kOffO = kOffV + kStages * kVStride;
+  static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr int kOffBar = kOffO + 2 * kOBytes;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
@@ -167,9 +166,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
         const int qb = it % S::kQBufs;
         if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
-        mbar_expect_tx(&full_q[qb], S::kQBytes + S::kVsBytes);
+        mbar_expect_tx(&full_q[qb], S::kQBytes);
         tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
-        bulk_load(smem + S::kOffVs + qb * S::kVsBytes, p.v_scale + bhk * D, S::kVsBytes, &full_q[qb]);
         for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
           const int st = c % ST;
           if (c >= ST) mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
@@ -200,9 +198,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     const int my_turn = 1 + cw, other_turn = 2 - cw;
     if (cw == 1) named_bar_arrive<256>(1);
 
-    // The q scale and the K scales of a work tile's first key tile: loaded during the previous
-    // work tile's last key tile, so that their latency is not on the path into the tile's
-    // first softmax.
+    // The q scale and the K scales of a work tile's first key tile (loading them earlier, in the
+    // previous tile's last key tile, was measured slower: the code in the loop cost more).
     auto k_scales = [&](const Sm90Tile& u) {
       const int64_t ubhk = static_cast<int64_t>(u.b) * p.heads_kv + u.h / hpk;
       return p.k_scale + ubhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
@@ -219,12 +216,11 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     int it = 0;
     for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
       const int wn = w + static_cast<int>(gridDim.x);
-      Sm90Tile tn = tl;    // the next work tile, and its q scale: set during the last key tile
-      float qsc_n = 0.f;
       const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
       const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
       const float* ksp = k_scales(tl);
+      const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
       const int qb = it % S::kQBufs;
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
       const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
@@ -280,12 +276,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           kn0 = ksn[0];
           kn1 = ksn[k_groups];
           ksn += 2 * k_groups;
-        } else if (wn < tiles) {  // the next key tile is the next work tile's first
-          tn = sm90_tile(p, wn);
-          qsc_n = q_scale(tn);
-          const float* kq = k_scales(tn);
-          kn0 = kq[0];
-          kn1 = kq[k_groups];
         }
         const uint32_t dk = dk0 + st * (S::kKBytes >> 4);
         const int nst = st + 1 == ST ? 0 : st + 1, nph = nst == 0 ? ph ^ 1 : ph;
@@ -384,18 +374,21 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       wgmma_fence();
       issue_pv();
       if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
+      // The V scales of this thread's output columns, loaded while that PV runs, all at once:
+      // loaded in the store loop below, each load waited behind the previous store (which
+      // may alias it), one L2 round trip per column pair, ~9 us per work tile in all (ncu).
+      float2 vs[D / 8];
+      const float* vsc = p.v_scale + bhk * D;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
       wgmma_wait<0>();
       finish_pv();
       c = c0 + nkb;
-      // The V scales of this thread's output columns, from shared memory (the producer brought
-      // them in with Q). Read from global memory in the store loop below, each load waited
-      // behind the previous store (which may alias it): ~9 us per work tile (ncu, NOTES v10).
-      float2 vs[D / 8];
-      const float2* vsm = reinterpret_cast<const float2*>(smem + S::kOffVs + qb * S::kVsBytes);
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) vs[j] = vsm[4 * j + t];
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty_q[qb]);  // Q and V scales of this work tile are consumed
+      if (lane == 0) mbar_arrive(&empty_q[qb]);  // Q of this work tile is consumed
+      // the previous work tile's O store has read this consumer's staging buffer
+      if (a.o_tma && tid % 128 == 0) bulk_wait_read();
+      named_bar_sync<128>(3 + cw);
 
       // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
       // work tile go on.
@@ -404,8 +397,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // the accumulator layout write 16 bytes per row and hold their source registers
         uint8_t* ostage = smem + S::kOffO + cw * S::kOBytes;
         const uint32_t ostage_s = smem_addr(ostage);
-        if (tid % 128 == 0) bulk_wait_read();  // the previous work tile's store has read it
-        named_bar_sync<128>(3 + cw);
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const float lt = l[hr];  // the whole row's sum (from the PV product)
@@ -444,7 +435,10 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           }
         }
       }
-      tl = tn, qsc = qsc_n;
+      if (wn < tiles) {
+        tl = sm90_tile(p, wn);
+        qsc = q_scale(tl), kn0 = k_scales(tl)[0], kn1 = k_scales(tl)[k_groups];
+      }
     }
     if (a.o_tma && tid % 128 == 0) bulk_wait();  // shared memory stays until the stores are done
   }

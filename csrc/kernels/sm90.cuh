@@ -47,13 +47,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int c0,
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
       : "memory");
 }
-// Contiguous bytes global -> shared (bulk copy, no tensor map); dst, src and bytes multiples of 16.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
 // Stores v at shared address base ^ x (x a constant): the 128-byte swizzle's XOR of a 16-byte
 // chunk index, computed at the store (the compiler would otherwise hoist every address out of
 // the loops and keep, or spill, them).

@@ -50,6 +50,22 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
     assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), backend, **(FP8_BARS if fp8 else {}))
 
 
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("d", [36, 40, 100, 128])
+def test_sm90_output_paths(d, layout):
+    """The Hopper kernel writes O through shared memory and TMA where the output's rows and
+    strides are 16-byte multiples (d = 40, 128; 40 with its second 64-column box clipped) and
+    with plain stores otherwise (d = 36, 100); rows past N (1000 = 7 tiles + 104) are clipped."""
+    fn, ext = _need(SM90)
+    q, k, v = make_qkv(1, 4, 2, 1000, 1000, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
+    o, lse = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
+    opts = cuda_defaults(SM90)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d)
+    ro, rl = attention_quantized(q, k, v, layout, True, None, True, cfg)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 d={d} {layout}", fp8=True)
+    assert_lse_close_to_reference(lse, rl)
+
+
 @pytest.mark.parametrize("backend", ALL)
 def test_inputs_are_not_modified(backend):
     fn, _ = _need(backend)

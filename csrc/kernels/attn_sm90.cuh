@@ -15,10 +15,12 @@
 //     accumulator). The PV product runs over D + 8 rows of V^T, the last 8 all ones, so its
 //     last columns are the row sums l of the e4m3 P (no adds for them in the softmax; O is
 //     normalized by the sum of the weights it was actually given). The V scale and 1/l are
-//     applied in the epilogue.
-//     Overlap: the PV product of tile kb-1 is issued right after QK^T of tile kb and runs
-//     during tile kb's softmax; and the two consumers alternate their GEMM issue (ping-pong)
-//     so that one's softmax hides behind the other's tensor-core work.
+//     applied in the epilogue, which writes O through shared memory and TMA stores (plain
+//     stores where the output's strides do not allow TMA).
+//     Overlap: one turn issues the PV product of tile kb-1 and QK^T of tile kb together; the
+//     consumer waits for both, folds, and runs tile kb's softmax while the other consumer's
+//     GEMMs keep the tensor cores busy (the two alternate their turns: ping-pong). Running a
+//     consumer's softmax during its own GEMMs was measured slower (bench/NOTES.md).
 // setmaxnreg moves registers from the producer (which needs few) to the consumers.
 //
 // Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and

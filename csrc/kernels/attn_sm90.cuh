@@ -200,29 +200,16 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     const int my_turn = 1 + cw, other_turn = 2 - cw;
     if (cw == 1) named_bar_arrive<256>(1);
 
-    // The q scale and the K scales of a work tile's first key tile (loading them earlier, in the
-    // previous tile's last key tile, was measured slower: the code in the loop cost more).
-    auto k_scales = [&](const Sm90Tile& u) {
-      const int64_t ubhk = static_cast<int64_t>(u.b) * p.heads_kv + u.h / hpk;
-      return p.k_scale + ubhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
-    };
-    auto q_scale = [&](const Sm90Tile& u) {
-      const int64_t ubh = static_cast<int64_t>(u.b) * p.heads_q + u.h;
-      const int urow = u.q0 + cw * 64 + warp * 16;
-      return p.q_scale[(ubh * nwb + urow / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
-    };
-    Sm90Tile tl = sm90_tile(p, blockIdx.x);  // gridDim.x <= tiles
-    float qsc = q_scale(tl), kn0 = k_scales(tl)[0], kn1 = k_scales(tl)[k_groups];
-
     int c = 0;  // K/V tiles consumed so far (the producer's counter)
     int it = 0;
     for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
-      const int wn = w + static_cast<int>(gridDim.x);
+      const Sm90Tile tl = sm90_tile(p, w);
       const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
-      const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
-      const float* ksp = k_scales(tl);
       const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
+      const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
+      const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
+      const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const int qb = it % S::kQBufs;
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
       const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
@@ -269,6 +256,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
       // latency is not on the path from S to the softmax
+      float kn0 = ksp[0], kn1 = ksp[k_groups];
       const float* ksn = ksp + 2 * k_groups;  // the scales of the next key tile
       mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
       mbar_wait(&full_k[st], ph);
@@ -388,28 +376,36 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       c = c0 + nkb;
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty_q[qb]);  // Q of this work tile is consumed
-      // the previous work tile's O store has read this consumer's staging buffer
-      if (a.o_tma && tid % 128 == 0) bulk_wait_read();
-      named_bar_sync<128>(3 + cw);
-
       // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
       // work tile go on.
+      float inv[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float lt = l[hr];  // the whole row's sum (from the PV product)
+        inv[hr] = lt > 0.f ? 1.f / lt : 0.f;
+        const int row = row_w + g + 8 * hr;
+        if (p.lse && t == 0 && row < p.nq) write_lse(p, bh, row, m[hr], lt, OFF);
+      }
+      // output columns 8j + 2t and 8j + 2t + 1 of row g + 8 hr, scaled
+      auto out2 = [&](int j, int hr) {
+        return make_float2(o[4 * j + 2 * hr] * inv[hr] * vs[j].x, o[4 * j + 2 * hr + 1] * inv[hr] * vs[j].y);
+      };
       if (a.o_tma) {
         // O through shared memory and one TMA store per 64 columns: 32-bit global stores from
-        // the accumulator layout write 16 bytes per row and hold their source registers
+        // the accumulator layout write 16 bytes per row and hold their source registers.
+        // First, the previous work tile's store has read this consumer's staging buffer.
+        if (tid % 128 == 0) bulk_wait_read();
+        named_bar_sync<128>(3 + cw);
         uint8_t* ostage = smem + S::kOffO + cw * S::kOBytes;
         const uint32_t ostage_s = smem_addr(ostage);
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const float lt = l[hr];  // the whole row's sum (from the PV product)
-          const float inv = lt > 0.f ? 1.f / lt : 0.f;
           // row r of this consumer's 64 (r % 8 == g): its 16-byte chunk c sits at chunk c ^ g
           const uint32_t rbase = ostage_s + (warp * 16 + g + 8 * hr) * 128 + 16 * g + 4 * t;
-          if (p.lse && t == 0 && row_w + g + 8 * hr < p.nq) write_lse(p, bh, row_w + g + 8 * hr, m[hr], lt, OFF);
 #pragma unroll
           for (int j = 0; j < D / 8; ++j) {
-            const float v0 = o[4 * j + 2 * hr] * inv * vs[j].x, v1 = o[4 * j + 2 * hr + 1] * inv * vs[j].y;
-            st_shared_xor(rbase + (j / 8) * S::kOBox, 16 * (j % 8), pack2<OutT>(v0, v1));
+            const float2 v = out2(j, hr);
+            st_shared_xor(rbase + (j / 8) * S::kOBox, 16 * (j % 8), pack2<OutT>(v.x, v.y));
           }
         }
         fence_proxy_async();
@@ -423,23 +419,15 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const float lt = l[hr];  // the whole row's sum (from the PV product)
-          const float inv = lt > 0.f ? 1.f / lt : 0.f;
           const int row = row_w + g + 8 * hr;
           if (row >= p.nq) continue;
-          if (p.lse && t == 0) write_lse(p, bh, row, m[hr], lt, OFF);
           OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
           for (int j = 0; j < D / 8; ++j) {
-            const int col = 8 * j + 2 * t;
-            const float v0 = o[4 * j + 2 * hr] * inv * vs[j].x, v1 = o[4 * j + 2 * hr + 1] * inv * vs[j].y;
-            store_out2(orow, col, v0, v1, pairs, p.d_out);
+            const float2 v = out2(j, hr);
+            store_out2(orow, 8 * j + 2 * t, v.x, v.y, pairs, p.d_out);
           }
         }
-      }
-      if (wn < tiles) {
-        tl = sm90_tile(p, wn);
-        qsc = q_scale(tl), kn0 = k_scales(tl)[0], kn1 = k_scales(tl)[k_groups];
       }
     }
     if (a.o_tma && tid % 128 == 0) bulk_wait();  // shared memory stays until the stores are done

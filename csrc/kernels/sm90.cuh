@@ -84,20 +84,10 @@ __device__ __forceinline__ void reg_fence(uint32_t& x) { asm volatile("" : "+r"(
 
 // Shared-memory matrix descriptor of a K-major tile whose rows are exactly SW bytes
 // (128 or 64) long, laid out by TMA with the matching swizzle: 8-row groups SW*8 bytes
-// apart. Step along K inside the row by adding (bytes >> 4) to the descriptor.
-template <int SW>
-__device__ __forceinline__ uint64_t kmajor_desc(uint32_t saddr) {
-  static_assert(SW == 128 || SW == 64, "128- or 64-byte swizzle");
-  uint64_t d = static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>(1) << 16;                       // leading byte offset: unused when swizzled
-  d |= static_cast<uint64_t>((8 * SW) >> 4) << 32;           // stride byte offset: one 8-row group
-  d |= static_cast<uint64_t>(SW == 128 ? 1 : 2) << 62;       // swizzle mode
-  return d;
-}
-
-// The same descriptor as two 32-bit halves: the high half is a constant of the swizzle, the
-// low one holds the address (< 2^14 units of 16 bytes, so steps along K or between ring slots
-// added to it never carry out); joined at the wgmma, the kernel's arithmetic stays 32-bit.
+// apart. Kept as two 32-bit halves: the low one holds the address (< 2^14 units of 16 bytes,
+// so steps along K, (bytes >> 4), or between ring slots added to it never carry out), the
+// high one is a constant of the swizzle (stride: one 8-row group; swizzle mode); they are
+// joined at the wgmma, so the kernel's descriptor arithmetic stays 32-bit.
 template <int SW>
 __device__ __forceinline__ uint32_t kmajor_desc_lo(uint32_t saddr) {
   return ((saddr & 0x3FFFF) >> 4) | (1u << 16);

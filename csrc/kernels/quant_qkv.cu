@@ -387,7 +387,7 @@ __device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int64_t bh, 
                                            float (*red)[kWarps][DP]) {
   constexpr int kCG = DP / 8;              // threads per token row (8 channels each)
   constexpr int kChains = kThreads / kCG;  // token rows per pass
-  constexpr int kAhead = 4;
+  constexpr int kAhead = 2;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int cg = tid % kCG, r = tid / kCG, col0 = cg * 8;
   const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);

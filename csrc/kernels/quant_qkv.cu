@@ -1,21 +1,15 @@
-// Q, K and V quantized for the fp8 attention kernels in one launch, instead of a torch K
-// mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V. A persistent
-// grid takes units of work in ticket order (section 3):
+// Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch
+// K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
-//   S  statistics of one token chunk of a kv head: K sum, V sum, max and min per channel; the
-//      last S unit of a head combines the chunks' partials in chunk order and publishes the K
-//      mean and the V scale, inverse scale and mean.
-//   Z  K row blocks (64 rows, one scale block per pass of the CTA) and V tiles (one warp per
-//      64 tokens x 32 channels) of one chunk, once its head's statistics are published.
-//   Q  Q row blocks of one query head (one warp per 16-row scale block).
-//
-// Z follows S of the same head a bounded number of tickets later, so that K and V are read
-// from DRAM once and again from L2. Every warp loads its rows into registers once, reduces the
-// maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element is
-// quant_int8.cu's and quant_fp8.cu's.
-#include <algorithm>
-#include <atomic>
-#include <cstdlib>
+//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): over all keys, the K sum
+//      (-> K mean) and V's sum, max and min (-> V scale, inverse scale and mean). The V part
+//      keeps quant_fp8.cu's pass-1 thread layout and summation order, so V's statistics are
+//      bit-identical to quant_v_fp8's.
+//   2. qkv_quant_kernel, a 1-D grid in three ranges: K blocks (one CTA per 64-row scale
+//      block), V tiles (one warp per 64 tokens x 32 channels) and Q blocks (one warp per
+//      16-row scale block). Every warp loads its rows into registers once, reduces the
+//      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
+//      is quant_int8.cu's and quant_fp8.cu's.
 #include <cstring>
 #include <type_traits>
 
@@ -24,6 +18,12 @@
 namespace sage {
 namespace {
 
+// ---- statistics kernel ----
+constexpr int kStatThreads = 256;
+constexpr int kStatChannels = 32;                                  // channels per CTA
+constexpr int kStatChains = kStatThreads / (kStatChannels / 8);   // 64 token chains per channel
+
+// ---- quantization kernel ----
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWarpRows = 16;        // rows one warp quantizes: a Q scale block, a quarter K block
@@ -110,6 +110,104 @@ __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
   const float f = __fsub_rn(__fadd_rz(a, k2p23), k2p23);     // floor(a), exact
   const float m = copysignf(fminf(f, 127.f), t);
   return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
+}
+
+// ============================== 1. statistics ==============================
+
+template <typename T>
+__global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
+  __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
+  const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg) of the token chain r per thread
+  const int n = p.v.n, d = p.v.d, col0 = c0 + cg * 8;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
+  const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
+  const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
+  const bool ksum = p.k_mean != nullptr;
+
+  // Chain r adds tokens r, r + 64, r + 128, ... in this order (quant_fp8.cu pass 1); kAhead
+  // tokens are loaded before their adds.
+  constexpr int kAhead = 4;
+  float s[8], mx[8], mn[8], sk[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
+  int t = r;
+  for (; t + (kAhead - 1) * kStatChains < n; t += kAhead * kStatChains) {
+    uint4 xv[kAhead], xk[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kStatChains) * p.v.stride_n, col0, d, vvec);
+    if (ksum) {
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) xk[u] = load_bits8(k + (t + u * kStatChains) * p.k.stride_n, col0, d, kvec);
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float x = elem<T>(xv[u], i);
+        s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+      }
+    }
+    if (ksum) {
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
+      }
+    }
+  }
+  for (; t < n; t += kStatChains) {
+    const uint4 xv = load_bits8(v + t * p.v.stride_n, col0, d, vvec);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x = elem<T>(xv, i);
+      s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+    }
+    if (ksum) {
+      const uint4 xk = load_bits8(k + t * p.k.stride_n, col0, d, kvec);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk, i);
+    }
+  }
+  // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
+  reduce_token_chains(s, OpAdd());
+  reduce_token_chains(mx, OpMax());
+  reduce_token_chains(mn, OpMin());
+  reduce_token_chains(sk, OpAdd());
+  if (lane < 4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i];
+      red[2][warp][cg * 8 + i] = mn[i], red[3][warp][cg * 8 + i] = sk[i];
+    }
+  }
+  __syncthreads();
+  if (tid >= kStatChannels) return;
+  // the warps in order, from zero
+  float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f;
+  for (int w = 0; w < kStatThreads / 32; ++w) {
+    ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
+    tk += red[3][w][tid];
+  }
+  const int c = c0 + tid;
+  const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
+  const bool real = c < d && n > 0;
+  float mean = 0.f, amax = 0.f;
+  if (real) {
+    if (p.v_mean) {
+      mean = __fdiv_rn(ts, static_cast<float>(n));
+      amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
+    } else {
+      amax = fmaxf(tmx, -tmn);
+    }
+  }
+  amax = fmaxf(amax, kAmaxEps);
+  p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
+  p.v_inv[bh * p.d_pad + c] = __fdiv_rn(p.v_scale_max, amax);
+  if (p.v_mean) p.v_mean[bh * p.d_pad + c] = mean;
+  if (ksum && c < d) p.k_mean[bh * d + c] = __fdiv_rn(tk, static_cast<float>(n));
 }
 
 // ============================== 2. quantization ==============================
@@ -288,18 +386,25 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   }
 }
 
-// One warp's V tile: 64 tokens (from n0) x 32 channels (from c0) of kv head bh, written as
-// e4m3 [channel][token] with the tokens of each 16-token group in the MMA's order
-// 0,1,8,9,2,3,10,11,...,6,7,14,15 (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns
-// channels cgrp*4.. +4 of tokens tg*16.. +16: it holds a whole permuted group of each of its
-// channels, one 16-byte store each. inv, mean: the head's [DP] V statistics (mean may be null).
+// One warp's V tile: 64 tokens x 32 channels of one kv head, written as e4m3 [channel][token]
+// with the tokens of each 16-token group in the MMA's order 0,1,8,9,2,3,10,11,...,6,7,14,15
+// (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels cgrp*4.. +4 of tokens
+// tg*16.. +16: it holds a whole permuted group of each of its channels, one 16-byte store each.
 template <typename T, int DP>
-__device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t bh, int n0, int c0,
-                                             const float* inv_h, const float* mean_h) {
+__device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t unit) {
+  constexpr int kTilesC = DP / kVChannels;
   const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
+  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
+  const int tiles_n = p.nk_pad / kVTokens;
+  // the last token tiles first, every head in turn: what the statistics kernel read last may
+  // still be in L2
+  const int tc = static_cast<int>(unit % kTilesC);
+  const int64_t rest = unit / kTilesC;
+  const int64_t bh = rest % bhs;
+  const int tn = tiles_n - 1 - static_cast<int>(rest / bhs);
   const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
   const int n = p.v.n, d = p.v.d;
-  n0 += tg * 16, c0 += cgrp * 4;
+  const int n0 = tn * kVTokens + tg * 16, c0 = tc * kVChannels + cgrp * 4;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
 
@@ -309,17 +414,19 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t bh
     raw[t] = make_uint2(0u, 0u);
     if (n0 + t < n && c0 < d) raw[t] = load_bits4(v + (n0 + t) * p.v.stride_n, c0, d, vec);
   }
+  const float* inv_g = p.v_inv + bh * DP + c0;
+  const float* mean_g = p.v_mean ? p.v_mean + bh * DP + c0 : nullptr;
   uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     if (c0 + i < d) {
-      const float inv = inv_h[c0 + i], mu = mean_h ? mean_h[c0 + i] : 0.f;
+      const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
       float y[16];
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const float x = elem<T>(raw[t], i);
-        y[t] = n0 + t < n ? __fmul_rn(mean_h ? __fsub_rn(x, mu) : x, inv) : 0.f;
+        y[t] = n0 + t < n ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
       }
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
@@ -331,377 +438,75 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t bh
   }
 }
 
-// ============================== 3. the one kernel ==============================
-//
-// A persistent grid takes work units from an atomic ticket counter, in ticket order. Per kv
-// head j (b-major) there are P statistics units S(j, c), P quantization units Z(j, c) (K and V
-// of token chunk c) and the Q units of its G = Hq / Hkv query heads. The tickets run
-//   S(0) .. S(lag-1), then for j = 0, 1, ...: S(j + lag), Z(j), Q(j)
-// so that K and V are read again by Z while the reads of S are still in L2, and Q's streaming
-// fills the time in between. The last S unit of a head to finish combines the P partials in
-// chunk order (the statistics are the same whichever CTA does it) and publishes them; Z units,
-// and Q units that need the K mean, wait for that. A unit only ever waits for S units with
-// smaller tickets, and those never wait and are held by running CTAs (tickets are handed out
-// in order, and a CTA holds at most one ticket besides the unit it runs), so the grid cannot
-// deadlock whatever its size and however its CTAs are scheduled.
-
-struct Sched {
-  int bh;      // kv heads (B * Hkv)
-  int chunks;  // P: token chunks per kv head
-  int chunk;   // tokens per chunk (a multiple of 64)
-  int q_units; // Q units per kv head: G heads x ceil(nq_pad / chunk)
-  int lag;     // kv heads between a head's S units and its Z units
-  int64_t total;
-};
-
-// Counters in the workspace: [0] the ticket, [1 + j] S units of head j done, [1 + bh + j] the
-// statistics of head j published.
-struct Counters {
-  int* ticket;
-  int* done;
-  int* ready;
-};
-
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Thread 0 waits until `flag` is set; then the CTA goes on (CUTLASS's semaphore pattern: one
-// acquiring thread, then a CTA barrier).
-__device__ __forceinline__ void wait_flag(const int* flag) {
-  if (threadIdx.x == 0) {
-    while (ld_acquire(flag) == 0) __nanosleep(128);
-  }
-  __syncthreads();
-}
-
-// S unit: K sum and V sum, max and min per channel over tokens [t0, t1) of head bh, reduced in
-// a fixed order and written to partial [4][DP] (V sum, V max, V min, K sum).
+// Blocks [0, k_ctas): K; [k_ctas, k_ctas + v_ctas): V; the rest: Q.
 template <typename T, int DP>
-__device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int64_t bh, int t0, int t1, float* partial,
-                                           float (*red)[kWarps][DP]) {
-  constexpr int kCG = DP / 8;              // threads per token row (8 channels each)
-  constexpr int kChains = kThreads / kCG;  // token rows per pass
-  constexpr int kAhead = 2;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int cg = tid % kCG, r = tid / kCG, col0 = cg * 8;
-  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
-  const int d = p.v.d;
-  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
-  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
-  const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
-  const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
-  const bool ksum = p.k_mean != nullptr;
-
-  float s[8], mx[8], mn[8], sk[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
-  int t = t0 + r;
-  for (; t + (kAhead - 1) * kChains < t1; t += kAhead * kChains) {
-    uint4 xv[kAhead], xk[kAhead];
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kChains) * p.v.stride_n, col0, d, vvec);
-    if (ksum) {
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) xk[u] = load_bits8(k + (t + u * kChains) * p.k.stride_n, col0, d, kvec);
-    }
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float x = elem<T>(xv[u], i);
-        s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
-      }
-    }
-    if (ksum) {
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
-      }
-    }
+__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
+  __shared__ float red[kWarps][4];
+  const int warp = threadIdx.x >> 5;
+  int64_t blk = blockIdx.x;
+  if (blk < k_ctas) {
+    // one 64-row scale block per CTA, the last row blocks of every head first (as V)
+    const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
+    const int nblk = p.nk_pad / kAttnBlockK;
+    const int64_t bh = blk % bhs;
+    const int rb = nblk - 1 - static_cast<int>(blk / bhs);
+    const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
+    RowJob j = rows_of<T>(p.k, b, h);
+    j.row0 = rb * kAttnBlockK + warp * kWarpRows;
+    j.prescale = 1.f;
+    j.mean = p.k_mean ? p.k_mean + bh * p.k.d : nullptr;
+    j.dot_mean = nullptr, j.rowdot = nullptr;
+    j.out = p.k_out + bh * p.nk_pad * DP;
+    j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
+    if (p.k_groups == 4)
+      quant_rows<T, DP, 4>(j, red);
+    else
+      quant_rows<T, DP, 1>(j, red);
+    return;
   }
-  for (; t < t1; t += kChains) {
-    const uint4 xv = load_bits8(v + t * p.v.stride_n, col0, d, vvec);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float x = elem<T>(xv, i);
-      s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
-    }
-    if (ksum) {
-      const uint4 xk = load_bits8(k + t * p.k.stride_n, col0, d, kvec);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk, i);
-    }
+  blk -= k_ctas;
+  if (blk < v_ctas) {
+    const int64_t unit = blk * kWarps + warp;
+    const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
+    if (unit < units) quant_v_tile<T, DP>(p, unit);
+    return;
   }
-  // the chains of a warp that share channels: lanes kCG, 2 kCG, ... apart
-#pragma unroll
-  for (int off = kCG; off < 32; off <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-      mn[i] = fminf(mn[i], __shfl_xor_sync(0xffffffffu, mn[i], off));
-      sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], off);
-    }
-  }
-  if (lane < kCG) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      red[0][warp][col0 + i] = s[i], red[1][warp][col0 + i] = mx[i];
-      red[2][warp][col0 + i] = mn[i], red[3][warp][col0 + i] = sk[i];
-    }
-  }
-  __syncthreads();
-  // the warps in order; partial is [stat][DP]
-  for (int e = tid; e < 4 * DP; e += kThreads) {
-    const int st = e / DP, c = e % DP;
-    float a = red[st][0][c];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) a = st == 1 ? fmaxf(a, red[st][w][c]) : (st == 2 ? fminf(a, red[st][w][c]) : a + red[st][w][c]);
-    partial[e] = a;
-  }
-}
-
-// The last S unit of head bh: the P partials in chunk order -> K mean, V scale, inverse scale
-// and mean (the formulas of quant_fp8.cu), written to the outputs.
-template <int DP>
-__device__ __forceinline__ void publish_stats(const QuantQKVParams& p, int64_t bh, int chunks, const float* partial) {
-  const int n = p.v.n, d = p.v.d;
-  for (int c = threadIdx.x; c < DP; c += kThreads) {
-    float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f;
-    for (int i = 0; i < chunks; ++i) {
-      const float* pi = partial + static_cast<int64_t>(i) * 4 * DP;
-      ts += __ldcg(pi + c), tmx = fmaxf(tmx, __ldcg(pi + DP + c));
-      tmn = fminf(tmn, __ldcg(pi + 2 * DP + c)), tk += __ldcg(pi + 3 * DP + c);
-    }
-    const bool real = c < d && n > 0;
-    float mean = 0.f, amax = 0.f;
-    if (real) {
-      if (p.v_mean) {
-        mean = __fdiv_rn(ts, static_cast<float>(n));
-        amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
-      } else {
-        amax = fmaxf(tmx, -tmn);
-      }
-    }
-    amax = fmaxf(amax, kAmaxEps);
-    p.v_scale[bh * DP + c] = __fdiv_rn(amax, p.v_scale_max);
-    p.v_inv[bh * DP + c] = __fdiv_rn(p.v_scale_max, amax);
-    if (p.v_mean) p.v_mean[bh * DP + c] = mean;
-    if (p.k_mean && c < d) p.k_mean[bh * d + c] = __fdiv_rn(tk, static_cast<float>(n));
-  }
-}
-
-// The published statistics of head bh into shared memory (L2 reads: they were written by
-// another CTA in this launch); K mean zero-padded to DP.
-template <int DP>
-__device__ __forceinline__ void load_stats(const QuantQKVParams& p, int64_t bh, float* kmean, float* vinv,
-                                           float* vmean) {
-  for (int c = threadIdx.x; c < DP; c += kThreads) {
-    kmean[c] = p.k_mean && c < p.k.d ? __ldcg(p.k_mean + bh * p.k.d + c) : 0.f;
-    vinv[c] = __ldcg(p.v_inv + bh * DP + c);
-    vmean[c] = p.v_mean ? __ldcg(p.v_mean + bh * DP + c) : 0.f;
-  }
-  __syncthreads();
-}
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads, 4) qkv_kernel(const QuantQKVParams p, const Sched s, Counters cnt,
-                                                          float* partials) {
-  __shared__ float red[4][kWarps][DP];  // statistics unit: per-warp partials
-  __shared__ float kred[kWarps][4];     // K scale blocks: per-warp maxima
-  __shared__ float kmean[DP], vinv[DP], vmean[DP];
-  __shared__ int64_t s_ticket;
-  __shared__ int s_last;
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const int G = p.q.heads / p.k.heads;
-  const int64_t per_head = 2 * s.chunks + s.q_units;  // tickets of one j after the prefix
-  const int lag = s.lag < s.bh ? s.lag : s.bh;
-  const int64_t prefix = static_cast<int64_t>(lag) * s.chunks;
-  const int64_t full = static_cast<int64_t>(s.bh - lag) * per_head;  // blocks with an S part
-
-  int64_t next = 0;
-  if (tid == 0) next = atomicAdd(reinterpret_cast<unsigned long long*>(cnt.ticket), 1ull);
-  for (;;) {
-    if (tid == 0) {
-      s_ticket = next;
-      next = atomicAdd(reinterpret_cast<unsigned long long*>(cnt.ticket), 1ull);
-    }
-    __syncthreads();
-    int64_t t = s_ticket;
-    if (t >= s.total) break;
-
-    // decode: kind 0 = S, 1 = Z, 2 = Q; head j; index within the kind
-    int kind;
-    int64_t j, idx;
-    if (t < prefix) {
-      kind = 0, j = t / s.chunks, idx = t % s.chunks;
-    } else {
-      t -= prefix;
-      int64_t o;
-      if (t < full) {
-        j = t / per_head, o = t % per_head;
-        if (o < s.chunks) {
-          kind = 0, j += lag, idx = o;
-        } else {
-          o -= s.chunks;
-          kind = o < s.chunks ? 1 : 2, idx = o < s.chunks ? o : o - s.chunks;
-        }
-      } else {
-        t -= full;
-        j = (s.bh - lag) + t / (per_head - s.chunks), o = t % (per_head - s.chunks);
-        kind = o < s.chunks ? 1 : 2, idx = o < s.chunks ? o : o - s.chunks;
-      }
-    }
-    const int c0 = static_cast<int>(idx) * s.chunk;
-
-    if (kind == 0) {
-      float* part = partials + j * s.chunks * 4 * DP;
-      const int t1 = min(c0 + s.chunk, p.v.n);
-      stats_unit<T, DP>(p, j, c0, t1, part + idx * 4 * DP, red);
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();
-        s_last = atomicAdd(cnt.done + j, 1) == s.chunks - 1;
-      }
-      __syncthreads();
-      if (s_last) {
-        __threadfence();
-        publish_stats<DP>(p, j, s.chunks, part);
-        __syncthreads();
-        if (tid == 0) {
-          __threadfence();
-          st_release(cnt.ready + j, 1);
-        }
-      }
-    } else if (kind == 1) {
-      wait_flag(cnt.ready + j);
-      load_stats<DP>(p, j, kmean, vinv, vmean);
-      const int b = static_cast<int>(j / p.k.heads), h = static_cast<int>(j % p.k.heads);
-      const int nblk = p.nk_pad / kAttnBlockK;
-      const int blocks = min(s.chunk, p.nk_pad - c0) / kAttnBlockK;
-      for (int i = 0; i < blocks; ++i) {
-        const int rb = c0 / kAttnBlockK + i;
-        RowJob jb = rows_of<T>(p.k, b, h);
-        jb.row0 = rb * kAttnBlockK + warp * kWarpRows;
-        jb.prescale = 1.f;
-        jb.mean = p.k_mean ? kmean : nullptr;
-        jb.dot_mean = nullptr, jb.rowdot = nullptr;
-        jb.out = p.k_out + j * p.nk_pad * DP;
-        jb.scale = p.k_scale + (j * nblk + rb) * p.k_groups;
-        if (p.k_groups == 4)
-          quant_rows<T, DP, 4>(jb, kred);
-        else
-          quant_rows<T, DP, 1>(jb, kred);
-        __syncthreads();  // kred is reused by the next block
-      }
-      constexpr int kTilesC = DP / kVChannels;
-      for (int u = warp; u < blocks * kTilesC; u += kWarps)
-        quant_v_tile<T, DP>(p, j, c0 + (u / kTilesC) * kVTokens, (u % kTilesC) * kVChannels, vinv,
-                            p.v_mean ? vmean : nullptr);
-    } else {
-      const int per_q = s.q_units / G;  // units per query head
-      const int hq = static_cast<int>(j % p.k.heads) * G + static_cast<int>(idx / per_q);
-      const int b = static_cast<int>(j / p.k.heads);
-      const int r0 = static_cast<int>(idx % per_q) * s.chunk;
-      if (p.q_rowdot) {
-        wait_flag(cnt.ready + j);
-        load_stats<DP>(p, j, kmean, vinv, vmean);
-      }
-      const int64_t bhq = static_cast<int64_t>(b) * p.q.heads + hq;
-      const int nblk = p.nq_pad / kAttnWarpQ;
-      for (int row0 = r0 + warp * kWarpRows; row0 < min(r0 + s.chunk, p.nq_pad); row0 += kWarps * kWarpRows) {
-        const int rb = row0 / kAttnWarpQ;
-        RowJob jq = rows_of<T>(p.q, b, hq);
-        jq.row0 = row0;
-        jq.prescale = p.q_prescale;
-        jq.mean = nullptr;
-        jq.dot_mean = p.q_rowdot ? kmean : nullptr;
-        jq.rowdot = p.q_rowdot ? p.q_rowdot + bhq * p.q.n : nullptr;
-        jq.out = p.q_out + bhq * p.nq_pad * DP;
-        jq.scale = p.q_scale + (bhq * nblk + rb) * p.q_groups;
-        if (p.q_groups == 8)
-          quant_rows<T, DP, 8>(jq, nullptr);
-        else
-          quant_rows<T, DP, 1>(jq, nullptr);
-      }
-    }
-    __syncthreads();  // shared memory and s_ticket are reused by the next unit
-  }
-}
-
-// Tokens per chunk: 128 (two K scale blocks, the attention kernels' key tile at most), more
-// for long sequences so that a head has at most kMaxChunks partials.
-constexpr int kMaxChunks = 64;
-int chunk_tokens(int nk_pad) {
-  const int blocks = (nk_pad / kAttnBlockK + kMaxChunks - 1) / kMaxChunks;
-  return kAttnBlockK * (blocks > 2 ? blocks : 2);
-}
-int chunk_count(int nk_pad) {
-  const int c = chunk_tokens(nk_pad);
-  return nk_pad > 0 ? (nk_pad + c - 1) / c : 1;
-}
-// the 64-bit ticket, then done[bh] and ready[bh]; the partials start 256-byte aligned
-size_t counter_bytes(int64_t bh) { return ((2 + 2 * bh) * sizeof(int) + 255) / 256 * 256; }
-
-constexpr int kMaxDevices = 64;
-
-int env_int(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  return s && *s ? std::atoi(s) : fallback;
+  blk -= v_ctas;
+  // Q: one 16-row scale block per warp
+  const int64_t unit = blk * kWarps + warp;
+  const int nblk = p.nq_pad / kAttnWarpQ;
+  if (unit >= static_cast<int64_t>(p.q.batch) * p.q.heads * nblk) return;
+  const int64_t bh = unit / nblk;
+  const int rb = static_cast<int>(unit % nblk);
+  const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
+  const int hkv = h / (p.q.heads / p.k.heads);
+  RowJob j = rows_of<T>(p.q, b, h);
+  j.row0 = rb * kAttnWarpQ;
+  j.prescale = p.q_prescale;
+  j.mean = nullptr;
+  j.dot_mean = p.q_rowdot ? p.k_mean + (static_cast<int64_t>(b) * p.k.heads + hkv) * p.k.d : nullptr;
+  j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
+  j.out = p.q_out + bh * p.nq_pad * DP;
+  j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
+  if (p.q_groups == 8)
+    quant_rows<T, DP, 8>(j, nullptr);
+  else
+    quant_rows<T, DP, 1>(j, nullptr);
 }
 
 template <typename T, int DP>
 cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
-  Sched s{};
-  const int64_t bh = static_cast<int64_t>(p.k.batch) * p.k.heads;
-  const int G = p.q.heads / p.k.heads;
-  if (bh > 0x3fffffff) return cudaErrorInvalidValue;
-  s.bh = static_cast<int>(bh);
-  s.chunk = chunk_tokens(p.nk_pad);
-  s.chunks = chunk_count(p.nk_pad);
-  s.q_units = G * ((p.nq_pad + s.chunk - 1) / s.chunk);
-  const int64_t per_head = 2 * s.chunks + s.q_units;
-  s.total = bh * per_head;
-
-  // SMs x resident CTAs per SM, looked up once per device
-  static std::atomic<int> resident[kMaxDevices];
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
+  const int64_t k_ctas = bhk * (p.nk_pad / kAttnBlockK);
+  const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kWarps - 1) / kWarps;
+  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
+  if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
+  if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
+  qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  int sms = 0, per_sm = 0;
-  const int cached = dev < kMaxDevices ? resident[dev].load(std::memory_order_relaxed) : 0;
-  if (cached > 0) {
-    sms = cached >> 8, per_sm = cached & 0xff;
-  } else {
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qkv_kernel<T, DP>, kThreads, 0);
-    if (err != cudaSuccess) return err;
-    if (dev < kMaxDevices) resident[dev].store((sms << 8) | std::min(per_sm, 255), std::memory_order_relaxed);
-  }
-  per_sm = std::min(per_sm, env_int("SAGE_QKV_CTAS_PER_SM", 4));
-  const int64_t ctas = std::min<int64_t>(static_cast<int64_t>(sms) * std::max(per_sm, 1), s.total);
-  // the lag: enough tickets between a head's S and Z units for the CTAs in flight to finish
-  // the S units first
-  const int lag = static_cast<int>((ctas * env_int("SAGE_QKV_LAG_PCT", 100) / 100 + per_head - 1) / per_head);
-  s.lag = std::max(lag, 1);
-
-  // workspace: the counters (zeroed here), then the partials
-  char* ws = static_cast<char*>(p.workspace);
-  Counters cnt;
-  cnt.ticket = reinterpret_cast<int*>(ws);  // 64-bit ticket in the first 8 bytes
-  cnt.done = cnt.ticket + 2;
-  cnt.ready = cnt.done + bh;
-  float* partials = reinterpret_cast<float*>(ws + counter_bytes(bh));
-  err = cudaMemsetAsync(ws, 0, counter_bytes(bh), stream);
-  if (err != cudaSuccess) return err;
-  qkv_kernel<T, DP><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(p, s, cnt, partials);
+  qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
+      p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
   return cudaGetLastError();
 }
 
@@ -716,10 +521,6 @@ cudaError_t launch_d(const QuantQKVParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t quant_qkv_workspace_bytes(int64_t bh, int nk_pad, int d_pad) {
-  return counter_bytes(bh) + static_cast<size_t>(bh) * chunk_count(nk_pad) * 4 * d_pad * sizeof(float);
-}
-
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
   const bool shapes = p.k.batch == p.q.batch && p.v.batch == p.q.batch && p.v.heads == p.k.heads &&
                       p.v.n == p.k.n && p.k.d == p.q.d && p.v.d == p.q.d && p.k.heads > 0 &&
@@ -728,7 +529,7 @@ cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
                     p.nk_pad >= p.k.n;
   const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
-  if (!shapes || !pads || !groups || (p.q_rowdot && !p.k_mean) || !p.workspace) return cudaErrorInvalidValue;
+  if (!shapes || !pads || !groups || (p.q_rowdot && !p.k_mean)) return cudaErrorInvalidValue;
   if (p.q.batch == 0 || p.q.heads == 0) return cudaSuccess;
   return p.q.dtype == DType::kHalf ? launch_d<__half>(p, stream) : launch_d<__nv_bfloat16>(p, stream);
 }

@@ -121,9 +121,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
   p.v_inv = v_inv.data_ptr<float>();
-  Tensor ws = at::empty({static_cast<int64_t>(sage::quant_qkv_workspace_bytes(B * Hkv, Nk, d_pad))},
-                        q.options().dtype(at::kByte));
-  p.workspace = ws.data_ptr();
   check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
   return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
 }

@@ -52,9 +52,8 @@ cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream);
 // Q, K and V quantized together in two launches: the per-channel statistics of K and V over
 // all keys (K mean; V sum/max/min -> V scale and mean), then one grid whose blocks quantize
 // Q row blocks, K row blocks and V tiles. Same outputs as quant_int8 (Q with block_rows
-// kAttnWarpQ, K with kAttnBlockK and the K mean) and quant_v_fp8, except that the K mean and
-// the V mean are this kernel's own fixed-order fp32 sums / N (per token chunk, then the chunks
-// in order), equal to the others' up to the last bits.
+// kAttnWarpQ, K with kAttnBlockK and the K mean) and quant_v_fp8, except that the K mean is
+// this kernel's own fixed-order fp32 sum / N.
 struct QuantQKVParams {
   Input4D q;                   // [B, Hq, Nq, D]
   Input4D k, v;                // [B, Hkv, Nk, D] each, Hkv dividing Hq
@@ -72,10 +71,8 @@ struct QuantQKVParams {
   float* v_scale;              // [B, Hkv, d_pad]
   float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
-  void* workspace;             // quant_qkv_workspace_bytes(B * Hkv, Nk, d_pad) bytes, any content
 };
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
-size_t quant_qkv_workspace_bytes(int64_t bh, int nk, int d_pad);
 #endif
 
 // How P*V is accumulated.

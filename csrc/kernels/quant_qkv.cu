@@ -1,10 +1,10 @@
 // Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch
 // K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
-//   1. qkv_stats_kernel, one CTA per (token chunk, kv head): the K sum and V's sum, max and
-//      min per channel over the chunk's keys; the last chunk of a head to finish combines
-//      the chunks' partials in chunk order into the K mean and V's scale, inverse scale and
-//      mean (fixed order: the same bits on every run).
+//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): over all keys, the K sum
+//      (-> K mean) and V's sum, max and min (-> V scale, inverse scale and mean). The V part
+//      keeps quant_fp8.cu's pass-1 thread layout and summation order, so V's statistics are
+//      bit-identical to quant_v_fp8's.
 //   2. qkv_quant_kernel, a 1-D grid in three ranges: K blocks (one CTA per 64-row scale
 //      block), V tiles (one warp per 64 tokens x 32 channels) and Q blocks (one warp per
 //      16-row scale block). Every warp loads its rows into registers once, reduces the
@@ -18,6 +18,12 @@
 namespace sage {
 namespace {
 
+// ---- statistics kernel ----
+constexpr int kStatThreads = 256;
+constexpr int kStatChannels = 32;                                  // channels per CTA
+constexpr int kStatChains = kStatThreads / (kStatChannels / 8);   // 64 token chains per channel
+
+// ---- quantization kernel ----
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWarpRows = 16;        // rows one warp quantizes: a Q scale block, a quarter K block
@@ -107,54 +113,34 @@ __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
 }
 
 // ============================== 1. statistics ==============================
-//
-// One CTA per (token chunk, kv head): whole rows (every channel) of a chunk of P, so that a
-// head's K and V are read as contiguous blocks by many CTAs at once. Each writes its partial
-// statistics; the last of a head's chunks to finish (a counter per head) combines the P
-// partials in chunk order, so the result does not depend on which CTA that is.
 
-constexpr int kStatThreads = 128;
-constexpr int kStatWarps = kStatThreads / 32;
-constexpr int kMaxChunks = 64;  // partials per head at most
-
-// Tokens per statistics chunk: 128, more for long sequences (at most kMaxChunks chunks).
-int chunk_tokens(int n) {
-  const int c = (n + 64 * kMaxChunks - 1) / (64 * kMaxChunks);
-  return 64 * (c > 2 ? c : 2);
-}
-int chunk_count(int n) { return n > 0 ? (n + chunk_tokens(n) - 1) / chunk_tokens(n) : 1; }
-// done[bh] counters, then the partials (256-byte aligned)
-size_t counter_bytes(int64_t bh) { return (bh * sizeof(int) + 255) / 256 * 256; }
-
-// One chunk: K sum and V sum, max and min per channel over tokens [t0, t1) of head bh, reduced
-// in a fixed order and written to partial [4][DP] (V sum, V max, V min, K sum).
-template <typename T, int DP>
-__device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int64_t bh, int t0, int t1, float* partial,
-                                           float (*red)[kStatWarps][DP]) {
-  constexpr int kCG = DP / 8;              // threads per token row (8 channels each)
-  constexpr int kChains = kStatThreads / kCG;  // token rows per pass
-  constexpr int kAhead = 4;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int cg = tid % kCG, r = tid / kCG, col0 = cg * 8;
-  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
-  const int d = p.v.d;
+template <typename T>
+__global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
+  __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
+  const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg) of the token chain r per thread
+  const int n = p.v.n, d = p.v.d, col0 = c0 + cg * 8;
   const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
   const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
   const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
   const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
   const bool ksum = p.k_mean != nullptr;
 
+  // Chain r adds tokens r, r + 64, r + 128, ... in this order (quant_fp8.cu pass 1); kAhead
+  // tokens are loaded before their adds.
+  constexpr int kAhead = 4;
   float s[8], mx[8], mn[8], sk[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
-  int t = t0 + r;
-  for (; t + (kAhead - 1) * kChains < t1; t += kAhead * kChains) {
+  int t = r;
+  for (; t + (kAhead - 1) * kStatChains < n; t += kAhead * kStatChains) {
     uint4 xv[kAhead], xk[kAhead];
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kChains) * p.v.stride_n, col0, d, vvec);
+    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kStatChains) * p.v.stride_n, col0, d, vvec);
     if (ksum) {
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) xk[u] = load_bits8(k + (t + u * kChains) * p.k.stride_n, col0, d, kvec);
+      for (int u = 0; u < kAhead; ++u) xk[u] = load_bits8(k + (t + u * kStatChains) * p.k.stride_n, col0, d, kvec);
     }
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) {
@@ -172,7 +158,7 @@ __device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int64_t bh, 
       }
     }
   }
-  for (; t < t1; t += kChains) {
+  for (; t < n; t += kStatChains) {
     const uint4 xv = load_bits8(v + t * p.v.stride_n, col0, d, vvec);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -185,85 +171,43 @@ __device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int64_t bh, 
       for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk, i);
     }
   }
-  // the chains of a warp that share channels: lanes kCG, 2 kCG, ... apart
-#pragma unroll
-  for (int off = kCG; off < 32; off <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-      mn[i] = fminf(mn[i], __shfl_xor_sync(0xffffffffu, mn[i], off));
-      sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], off);
-    }
-  }
-  if (lane < kCG) {
+  // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
+  reduce_token_chains(s, OpAdd());
+  reduce_token_chains(mx, OpMax());
+  reduce_token_chains(mn, OpMin());
+  reduce_token_chains(sk, OpAdd());
+  if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      red[0][warp][col0 + i] = s[i], red[1][warp][col0 + i] = mx[i];
-      red[2][warp][col0 + i] = mn[i], red[3][warp][col0 + i] = sk[i];
+      red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i];
+      red[2][warp][cg * 8 + i] = mn[i], red[3][warp][cg * 8 + i] = sk[i];
     }
   }
   __syncthreads();
-  // the warps in order; partial is [stat][DP]
-  for (int e = tid; e < 4 * DP; e += kStatThreads) {
-    const int st = e / DP, c = e % DP;
-    float a = red[st][0][c];
-#pragma unroll
-    for (int w = 1; w < kStatWarps; ++w) a = st == 1 ? fmaxf(a, red[st][w][c]) : (st == 2 ? fminf(a, red[st][w][c]) : a + red[st][w][c]);
-    partial[e] = a;
+  if (tid >= kStatChannels) return;
+  // the warps in order, from zero
+  float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f;
+  for (int w = 0; w < kStatThreads / 32; ++w) {
+    ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
+    tk += red[3][w][tid];
   }
-}
-
-// The last chunk of head bh to finish: the P partials in chunk order -> K mean, V scale, inverse scale
-// and mean (the formulas of quant_fp8.cu), written to the outputs.
-template <int DP>
-__device__ __forceinline__ void publish_stats(const QuantQKVParams& p, int64_t bh, int chunks, const float* partial) {
-  const int n = p.v.n, d = p.v.d;
-  for (int c = threadIdx.x; c < DP; c += kStatThreads) {
-    float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f;
-    for (int i = 0; i < chunks; ++i) {
-      const float* pi = partial + static_cast<int64_t>(i) * 4 * DP;
-      ts += __ldcg(pi + c), tmx = fmaxf(tmx, __ldcg(pi + DP + c));
-      tmn = fminf(tmn, __ldcg(pi + 2 * DP + c)), tk += __ldcg(pi + 3 * DP + c);
+  const int c = c0 + tid;
+  const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
+  const bool real = c < d && n > 0;
+  float mean = 0.f, amax = 0.f;
+  if (real) {
+    if (p.v_mean) {
+      mean = __fdiv_rn(ts, static_cast<float>(n));
+      amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
+    } else {
+      amax = fmaxf(tmx, -tmn);
     }
-    const bool real = c < d && n > 0;
-    float mean = 0.f, amax = 0.f;
-    if (real) {
-      if (p.v_mean) {
-        mean = __fdiv_rn(ts, static_cast<float>(n));
-        amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
-      } else {
-        amax = fmaxf(tmx, -tmn);
-      }
-    }
-    amax = fmaxf(amax, kAmaxEps);
-    p.v_scale[bh * DP + c] = __fdiv_rn(amax, p.v_scale_max);
-    p.v_inv[bh * DP + c] = __fdiv_rn(p.v_scale_max, amax);
-    if (p.v_mean) p.v_mean[bh * DP + c] = mean;
-    if (p.k_mean && c < d) p.k_mean[bh * d + c] = __fdiv_rn(tk, static_cast<float>(n));
   }
-}
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(kStatThreads, 5) qkv_stats_kernel(const QuantQKVParams p, int chunk, int* done,
-                                                                    float* partials) {
-  __shared__ float red[4][kStatWarps][DP];
-  __shared__ int s_last;
-  const int64_t bh = blockIdx.x;
-  const int c = blockIdx.y, chunks = gridDim.y;
-  float* part = partials + bh * chunks * 4 * DP;
-  const int t0 = c * chunk, t1 = min(t0 + chunk, p.v.n);
-  stats_unit<T, DP>(p, bh, t0, t1, part + static_cast<int64_t>(c) * 4 * DP, red);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    s_last = atomicAdd(done + bh, 1) == chunks - 1;
-  }
-  __syncthreads();
-  if (s_last) {
-    __threadfence();
-    publish_stats<DP>(p, bh, chunks, part);
-  }
+  amax = fmaxf(amax, kAmaxEps);
+  p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
+  p.v_inv[bh * p.d_pad + c] = __fdiv_rn(p.v_scale_max, amax);
+  if (p.v_mean) p.v_mean[bh * p.d_pad + c] = mean;
+  if (ksum && c < d) p.k_mean[bh * d + c] = __fdiv_rn(tk, static_cast<float>(n));
 }
 
 // ============================== 2. quantization ==============================
@@ -556,15 +500,10 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t k_ctas = bhk * (p.nk_pad / kAttnBlockK);
   const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kWarps - 1) / kWarps;
   const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
-  if (k_ctas + v_ctas + q_ctas > 0x7fffffff || bhk > 0x7fffffff) return cudaErrorInvalidValue;
+  if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
   if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
-  // the workspace: done counters (zeroed here), then the partials
-  char* ws = static_cast<char*>(p.workspace);
-  cudaError_t err = cudaMemsetAsync(ws, 0, counter_bytes(bhk), stream);
-  if (err != cudaSuccess) return err;
-  qkv_stats_kernel<T, DP><<<dim3(static_cast<unsigned>(bhk), chunk_count(p.v.n)), kStatThreads, 0, stream>>>(
-      p, chunk_tokens(p.v.n), reinterpret_cast<int*>(ws), reinterpret_cast<float*>(ws + counter_bytes(bhk)));
-  err = cudaGetLastError();
+  qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
       p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
@@ -582,10 +521,6 @@ cudaError_t launch_d(const QuantQKVParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t quant_qkv_workspace_bytes(int64_t bh, int nk, int d_pad) {
-  return counter_bytes(bh) + static_cast<size_t>(bh) * chunk_count(nk) * 4 * d_pad * sizeof(float);
-}
-
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
   const bool shapes = p.k.batch == p.q.batch && p.v.batch == p.q.batch && p.v.heads == p.k.heads &&
                       p.v.n == p.k.n && p.k.d == p.q.d && p.v.d == p.q.d && p.k.heads > 0 &&
@@ -594,7 +529,7 @@ cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
                     p.nk_pad >= p.k.n;
   const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
-  if (!shapes || !pads || !groups || (p.q_rowdot && !p.k_mean) || !p.workspace) return cudaErrorInvalidValue;
+  if (!shapes || !pads || !groups || (p.q_rowdot && !p.k_mean)) return cudaErrorInvalidValue;
   if (p.q.batch == 0 || p.q.heads == 0) return cudaSuccess;
   return p.q.dtype == DType::kHalf ? launch_d<__half>(p, stream) : launch_d<__nv_bfloat16>(p, stream);
 }

@@ -152,6 +152,9 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   }
   fence_proxy_async();  // the ones are read by wgmma (the async proxy)
   __syncthreads();
+  // launched with launch_pdl: the set-up above overlaps the end of quant_qkv; every global
+  // access (TMA loads, scales, O, LSE) comes after this
+  pdl_wait();
 
   if (wg == 0) {
     // ---------------- producer ----------------
@@ -456,8 +459,7 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   // causal tile gets its own CTA and the hardware balances them as CTAs finish.
   const int grid = p.causal ? static_cast<int>(tiles) : sm90_grid(tiles);
   if (grid <= 0) return cudaErrorInvalidDevice;
-  kernel<<<grid, S::kThreads, S::kSmem, stream>>>(a, static_cast<int>(tiles));
-  return cudaGetLastError();
+  return launch_pdl(kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, static_cast<int>(tiles));
 }
 
 }  // namespace sage

@@ -2,10 +2,29 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+
+#include <cuda_runtime.h>
+
 #include "launch.h"
 #include "ptx.cuh"
 
 namespace sage {
+
+// Launches `kernel` with programmatic dependent launch allowed: on sm_90 and newer it may
+// start (and run up to its pdl_wait()) while the previous kernel of the stream finishes. Only
+// for kernels that call pdl_wait() before any global-memory access.
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 constexpr float kAmaxEps = 1e-12f;  // an all-zero group still gets a finite scale
 constexpr float kLn2 = 0.6931471805599453f;

@@ -8,6 +8,22 @@
 
 namespace sage {
 
+// Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel launched with
+// launch_pdl may start while the previous kernel of its stream still runs: pdl_wait() blocks
+// until that kernel has finished and its writes are visible, so it must come before this
+// kernel's first global-memory access. pdl_launch_dependents() lets the next such kernel
+// start once every CTA of this grid has called it (or exited).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

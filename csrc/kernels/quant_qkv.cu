@@ -117,6 +117,7 @@ __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
 template <typename T>
 __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
   __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
+  pdl_launch_dependents();  // the quantization grid may be scheduled (it waits for this one)
   const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg) of the token chain r per thread
@@ -442,6 +443,8 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t un
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
   __shared__ float red[kWarps][4];
+  pdl_wait();                // the statistics are complete
+  pdl_launch_dependents();   // the attention kernel may be scheduled (it waits for this grid)
   const int warp = threadIdx.x >> 5;
   int64_t blk = blockIdx.x;
   if (blk < k_ctas) {
@@ -505,9 +508,16 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+#if defined(SAGE_SM90)
+  // Hopper module: the launch overlaps the statistics kernel's tail (programmatic dependent
+  // launch), as the attention kernel's overlaps this one's
+  return launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)), dim3(kThreads),
+                    0, stream, p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
+#else
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
       p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
   return cudaGetLastError();
+#endif
 }
 
 template <typename T>

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -13,16 +14,21 @@ namespace sage {
 
 // Launches `kernel` with programmatic dependent launch allowed: on sm_90 and newer it may
 // start (and run up to its pdl_wait()) while the previous kernel of the stream finishes. Only
-// for kernels that call pdl_wait() before any global-memory access.
+// for kernels that call pdl_wait() before any global-memory access. SAGEATTN_NO_PDL=1 in the
+// environment (read once per process) launches them plainly, for comparisons and debugging.
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        Args&&... args) {
+  static const bool off = [] {
+    const char* e = std::getenv("SAGEATTN_NO_PDL");
+    return e != nullptr && *e != '\0' && *e != '0';
+  }();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr, cfg.numAttrs = 1;
+  cfg.attrs = &attr, cfg.numAttrs = off ? 0 : 1;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 

@@ -90,11 +90,6 @@ __device__ __forceinline__ float ex2_fma(float x) {
 #ifndef SAGE_SM90_POLY128
 #define SAGE_SM90_POLY128 4
 #endif
-// How many key tiles the tensor core's fp8 accumulator sums before it is folded into O:
-// 1 (every tile), 2 or 4. SAGE_SM90_FOLD overrides, for experiments.
-#ifndef SAGE_SM90_FOLD
-#define SAGE_SM90_FOLD 1
-#endif
 
 // One work tile: 128 query rows of one (batch, head). Tiles are numbered with the query
 // block fastest, so the CTAs running at one time share a head's K and V in L2; causal
@@ -236,27 +231,17 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       const uint32_t dk0 = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
       const uint32_t dv0 = kmajor_desc_lo<128>(smem_addr(smem + S::kOffV));
 
-      constexpr int kFold = SAGE_SM90_FOLD;
-      static_assert(kFold == 1 || kFold == 2 || kFold == 4, "fold every 1, 2 or 4 key tiles");
-      if (kFold > 1) {
-#pragma unroll
-        for (int i = 0; i < D / 2 + 4; ++i) blk[i] = 0.f;  // read (scaled by 0) by the first PV
-      }
-      // blk (+)= P V for key tile kb-1 (ring slot pst), issued inside a turn. With kFold == 2 the
-      // tiles of a work tile add to those before them, back to the last multiple of kFold.
-      auto issue_pv = [&](int kb_pv) {
+      // O = O * alpha + P V for key tile kb-1 (ring slot pst), issued inside a turn.
+      auto issue_pv = [&]() {
         const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
 #pragma unroll
         for (int s = 0; s < BK / 32; ++s) {
-          if (s == 0 && kFold == 1) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv));
-          else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), s > 0 || kb_pv % kFold != 0);
+          if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv));
+          else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
         }
         wgmma_commit();
       };
-      // O = O * alpha + blk, where alpha takes O from the running maximum of its last fold to
-      // the current one (with kFold > 1 blk was brought to the current maximum before
-      // the next tile's PV added to it; see the end of the softmax)
-      auto finish_pv = [&](bool fold) {
+      auto finish_pv = [&]() {
 #pragma unroll
         for (int i = 0; i < D / 2 + 4; ++i) reg_fence(blk[i]);
 #pragma unroll
@@ -265,7 +250,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
-        if (!fold) return;
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
         // columns D + 2t, D + 2t + 1 (equal): the sums of rows g and g + 8
@@ -293,7 +277,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // previous tile's GEMMs (below), off the path from one softmax to the next GEMMs
         named_bar_sync<256>(my_turn);
         wgmma_fence();
-        if (kb > 0) issue_pv(kb - 1);
+        if (kb > 0) issue_pv();
 #pragma unroll
         for (int ks = 0; ks < D / 32; ++ks) {
           constexpr int SW = S::kQKSwizzle;
@@ -313,7 +297,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
-        if (kb > 0) finish_pv((kb - 1) % kFold == kFold - 1);
+        if (kb > 0) finish_pv();
 
         // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
         // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
@@ -351,11 +335,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           const float b0 = __int_as_float(bi[0]), b1 = __int_as_float(bi[1]);
           const float mx = warp_max_quad(fmaxf(b0 == -INFINITY ? -INFINITY : (b0 - kMagic) * f0,
                                                b1 == -INFINITY ? -INFINITY : (b1 - kMagic) * f1));
-#ifdef SAGE_SM90_INTMAX
-          const float m_new = fmaxf(m[hr], ceilf(mx));  // experiment: integer maxima
-#else
           const float m_new = fmaxf(m[hr], mx);
-#endif
           alpha_new[hr] = m[hr] == -INFINITY ? 0.f : ex2(m[hr] - m_new);
           const float mo = m_new == -INFINITY ? 0.f : m_new - OFF;
           m[hr] = m_new;
@@ -379,24 +359,13 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           pa[s][2] = to_e4m3x4(xb[i + 8], xb[i + 9], xb[i + 12], xb[i + 13]);
           pa[s][3] = to_e4m3x4(xb[i + 10], xb[i + 11], xb[i + 14], xb[i + 15]);
         }
-        if (kFold > 1 && kb % kFold != 0) {
-          // blk holds the PVs since the last fold, at the previous maximum, and this tile's PV adds
-          // to it:
-          // rescale it where a row's maximum moved (in a warp's 16 rows, ever rarer along N)
-          if (__any_sync(0xffffffffu, alpha_new[0] != 1.f || alpha_new[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < D / 2 + 4; ++i) blk[i] *= alpha_new[(i >> 1) & 1];
-          }
-          alpha[0] *= alpha_new[0], alpha[1] *= alpha_new[1];
-        } else {
-          alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
-        }
+        alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
         pst = st, st = nst, ph = nph;
       }
       // the last turn of this work tile: PV of its last key tile (its V waited for above)
       named_bar_sync<256>(my_turn);
       wgmma_fence();
-      issue_pv(nkb - 1);
+      issue_pv();
       if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
       // The V scales of this thread's output columns, loaded while that PV runs, all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
@@ -406,7 +375,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
       wgmma_wait<0>();
-      finish_pv(true);
+      finish_pv();
       c = c0 + nkb;
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty_q[qb]);  // Q of this work tile is consumed

@@ -194,93 +194,75 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 
     // Ping-pong: the two consumers take turns issuing their GEMMs (named barriers 1 and 2),
     // so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
-    // A turn issues PV of tile kb-1 and then QK^T of tile kb; the consumer then waits for both
-    // and folds the PV result into O. The last turn of a work tile issues the PV of its last
-    // key tile and QK^T of the next work tile's first. Both consumers take nkb turns per work
-    // tile, plus one for the CTA's very first QK^T; consumer 0 goes first, and consumer 1
-    // leaves out its very last hand-over so every barrier phase completes.
+    // A turn issues PV of tile kb-1 and then QK^T of tile kb; the PV result is folded into O
+    // while QK^T still runs. The last turn of a work tile is the PV of its last key tile. Both
+    // consumers take nkb + 1 turns per work tile; consumer 0 goes first, and consumer 1 leaves
+    // out its very last hand-over so every barrier phase completes.
     // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
     // once: more than the 240 registers a consumer thread has.)
     const int my_turn = 1 + cw, other_turn = 2 - cw;
     if (cw == 1) named_bar_arrive<256>(1);
 
-    // Ring slot and phase of the next key tile, advanced once per tile (no divisions by
-    // kStages in the loop), and the slot of the tile before it. Descriptors of slot st:
-    // base + st * bytes/16.
-    int st = 0, ph = 0, pst = 0;
-    const uint32_t dk0 = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
-    const uint32_t dv0 = kmajor_desc_lo<128>(smem_addr(smem + S::kOffV));
-
-    float o[D / 2];
-    float blk[D / 2 + 4];     // PV of one tile and the row sums of its P (written by the tensor cores)
-    int32_t sacc[NACC];       // S of one tile (written by the tensor cores)
-    uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
-
-    // S = Q K^T of the key tile in ring slot `slot`, issued inside a turn
-    auto issue_qk = [&](uint32_t dq, int slot) {
-      const uint32_t dk = dk0 + slot * (S::kKBytes >> 4);
-#pragma unroll
-      for (int ks = 0; ks < D / 32; ++ks) {
-        constexpr int SW = S::kQKSwizzle;
-        if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, kmajor_desc_at<SW>(dq), kmajor_desc_at<SW>(dk));
-        else wgmma_s8_ss<BK>(sacc, kmajor_desc_at<SW>(dq + 2 * ks), kmajor_desc_at<SW>(dk + 2 * ks), 1);
-      }
-    };
-    // O = O * alpha + P V for the previous key tile (ring slot pst), issued inside a turn
-    auto issue_pv = [&]() {
-      const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
-#pragma unroll
-      for (int s = 0; s < BK / 32; ++s) {
-        if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv));
-        else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
-      }
-    };
-    auto finish_pv = [&]() {
-#pragma unroll
-      for (int i = 0; i < D / 2 + 4; ++i) reg_fence(blk[i]);
-#pragma unroll
-      for (int s = 0; s < BK / 32; ++s)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
-      // columns D + 2t, D + 2t + 1 (equal): the sums of rows g and g + 8
-      l[0] = l[0] * alpha[0] + blk[D / 2];
-      l[1] = l[1] * alpha[1] + blk[D / 2 + 2];
-    };
-
-    // The first turn of the CTA: QK^T of its first key tile alone. Every later work tile's
-    // first QK^T goes out in the last turn of the work tile before it, with that tile's last PV.
-    auto q_desc = [&](int qb) { return kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D)); };
-    mbar_wait(&full_q[0], 0);
-    mbar_wait(&full_k[0], 0);
-    named_bar_sync<256>(my_turn);
-    wgmma_fence();
-    issue_qk(q_desc(0), 0);
-    wgmma_commit();
-    named_bar_arrive<256>(other_turn);
-    for (int w = blockIdx.x, it = 0;; w += gridDim.x, ++it) {
+    int c = 0;  // K/V tiles consumed so far (the producer's counter)
+    int it = 0;
+    for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
       const Sm90Tile tl = sm90_tile(p, w);
-      const int h = tl.h, b = tl.b, nkb = tl.nkb;
+      const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
       const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
       const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
       const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const int qb = it % S::kQBufs;
-      const uint32_t dq = q_desc(qb);
-      const bool has_next = w + static_cast<int>(gridDim.x) < tiles;
+      const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
+      const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
+
+      float o[D / 2];
+      float blk[D / 2 + 4];  // PV of one tile and the row sums of its P (written by the tensor cores)
+      int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-      m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.f, alpha[0] = alpha[1] = 1.f;
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
+      uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
+
+      // Ring slot and phase of key tile kb, advanced once per tile (no divisions by kStages
+      // in the loop), and the slot of tile kb-1. Descriptors of slot st: base + st * bytes/16.
+      int st = c0 % ST, ph = (c0 / ST) & 1, pst = 0;
+      const uint32_t dk0 = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
+      const uint32_t dv0 = kmajor_desc_lo<128>(smem_addr(smem + S::kOffV));
+
+      // O = O * alpha + P V for key tile kb-1 (ring slot pst), issued inside a turn.
+      auto issue_pv = [&]() {
+        const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
+#pragma unroll
+        for (int s = 0; s < BK / 32; ++s) {
+          if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv));
+          else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
+        }
+        wgmma_commit();
+      };
+      auto finish_pv = [&]() {
+#pragma unroll
+        for (int i = 0; i < D / 2 + 4; ++i) reg_fence(blk[i]);
+#pragma unroll
+        for (int s = 0; s < BK / 32; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
+        // columns D + 2t, D + 2t + 1 (equal): the sums of rows g and g + 8
+        l[0] = l[0] * alpha[0] + blk[D / 2];
+        l[1] = l[1] * alpha[1] + blk[D / 2 + 2];
+      };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
       // latency is not on the path from S to the softmax
       float kn0 = ksp[0], kn1 = ksp[k_groups];
       const float* ksn = ksp + 2 * k_groups;  // the scales of the next key tile
+      mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
+      mbar_wait(&full_k[st], ph);
       for (int kb = 0; kb < nkb; ++kb) {
         const float ks0 = kn0, ks1 = kn1;
         if (kb + 1 < nkb) {
@@ -288,21 +270,26 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           kn1 = ksn[k_groups];
           ksn += 2 * k_groups;
         }
+        const uint32_t dk = dk0 + st * (S::kKBytes >> 4);
         const int nst = st + 1 == ST ? 0 : st + 1, nph = nst == 0 ? ph ^ 1 : ph;
 
-        // QK^T of this tile is in flight (issued in the turn before: at the end of the previous
-        // key tile or work tile), with PV of the previous tile. The operands of the next turn,
-        // while these GEMMs run: the next K tile, of this work tile or of the next one (with
-        // its Q), and V of this tile. No deadlock: the producer refills K slot kb+1 once PV of
-        // tile kb+1-kStages is done, in both consumers' earlier turns, which wait on nothing
-        // this consumer still holds; it loads the next work tile's Q once both consumers are
-        // done with the work tile before this one.
-        if (kb + 1 < nkb) {
-          mbar_wait(&full_k[nst], nph);
-        } else if (has_next) {
-          mbar_wait(&full_q[(it + 1) % S::kQBufs], ((it + 1) / S::kQBufs) & 1);
-          mbar_wait(&full_k[nst], nph);
+        // K of this tile and V of the previous one have landed: waited for during the
+        // previous tile's GEMMs (below), off the path from one softmax to the next GEMMs
+        named_bar_sync<256>(my_turn);
+        wgmma_fence();
+        if (kb > 0) issue_pv();
+#pragma unroll
+        for (int ks = 0; ks < D / 32; ++ks) {
+          constexpr int SW = S::kQKSwizzle;
+          if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, kmajor_desc_at<SW>(dq), kmajor_desc_at<SW>(dk));
+          else wgmma_s8_ss<BK>(sacc, kmajor_desc_at<SW>(dq + 2 * ks), kmajor_desc_at<SW>(dk + 2 * ks), 1);
         }
+        wgmma_commit();
+        named_bar_arrive<256>(other_turn);
+        // The operands of the next turn, while this turn's GEMMs run. No deadlock: the
+        // producer refills K slot kb+1 once PV of tile kb+1-kStages is done, in both
+        // consumers' earlier turns, which wait on nothing this consumer still holds.
+        if (kb + 1 < nkb) mbar_wait(&full_k[nst], nph);
         mbar_wait(&full_v[st], ph);
 
         // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
@@ -374,36 +361,22 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         }
         alpha[0] = alpha_new[0], alpha[1] = alpha_new[1];
         pst = st, st = nst, ph = nph;
-
-        // A turn: PV of this tile, then QK^T of the next key tile: this work tile's, or the next
-        // work tile's first, which lands during this one's epilogue. After the CTA's last
-        // tile that QK^T reads a stale slot and buffer that nothing writes any more (no wait,
-        // the result unused): one GEMM per CTA, and no branch around a wgmma (which would
-        // make ptxas serialize them all, C7520).
-        named_bar_sync<256>(my_turn);
-        wgmma_fence();
-        issue_pv();
-        issue_qk(kb + 1 < nkb ? dq : q_desc((it + 1) % S::kQBufs), st);
-        wgmma_commit();
-        if (cw == 0 || has_next || kb + 1 < nkb) named_bar_arrive<256>(other_turn);
       }
+      // the last turn of this work tile: PV of its last key tile (its V waited for above)
+      named_bar_sync<256>(my_turn);
+      wgmma_fence();
+      issue_pv();
+      if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
       // The V scales of this thread's output columns, loaded while that PV runs, all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
       // may alias it), one L2 round trip per column pair, ~9 us per work tile in all (ncu).
       float2 vs[D / 8];
       const float* vsc = p.v_scale + bhk * D;
-#ifndef SAGE_SM90_VS_LATE
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
-#endif
       wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
       finish_pv();
-#ifdef SAGE_SM90_VS_LATE
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
-#endif
+      c = c0 + nkb;
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty_q[qb]);  // Q of this work tile is consumed
       // epilogue: 1/l, V scale, store; LSE. Runs while the other consumer's GEMMs of the next
@@ -459,7 +432,6 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           }
         }
       }
-      if (!has_next) break;
     }
     if (a.o_tma && tid % 128 == 0) bulk_wait();  // shared memory stays until the stores are done
   }

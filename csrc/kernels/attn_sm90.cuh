@@ -1,13 +1,14 @@
 // Hopper (sm_90a) attention: INT8 QK^T and FP8 e4m3 PV on wgmma, tiles brought in by TMA.
 //
-// Persistent: one CTA per SM walks work tiles of 128 query rows (sm90_tile); causal calls
-// launch one CTA per tile instead (see attn_sm90_d). A CTA has three warpgroups:
+// Persistent: one CTA per SM walks work tiles of 64 x NC query rows (sm90_tile); causal calls
+// launch one CTA per tile instead (see attn_sm90_d). A CTA has NC + 1 warpgroups (NC = 2 at
+// D=128, 3 at D=64):
 //   - warpgroup 0, the producer: one thread issues the TMA loads (Q of each work tile into
 //     one of two buffers, then K and V^T tiles of 128 keys into a kStages-deep ring of
 //     shared-memory buffers, each buffer guarded by "full" mbarriers (bytes landed) and an
 //     "empty" mbarrier (consumers done). It runs ahead across work tiles, so the loads of
 //     the next tile overlap the last GEMMs and the epilogue of this one;
-//   - warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile: S = Q K^T
+//   - warpgroups 1 to NC, the consumers: 64 query rows each. Per key tile: S = Q K^T
 //     (wgmma s8, both operands in shared memory), dequantize with the q and k scales,
 //     online softmax in base 2, P scaled by 448 into e4m3 and kept in registers as the A
 //     operand of O_blk = P V (wgmma e4m3, fp32), then O = O * alpha + O_blk (two-level
@@ -17,10 +18,11 @@
 //     normalized by the sum of the weights it was actually given). The V scale and 1/l are
 //     applied in the epilogue, which writes O through shared memory and TMA stores (plain
 //     stores where the output's strides do not allow TMA).
-//     Overlap: one turn issues the PV product of tile kb-1 and QK^T of tile kb together; the
-//     consumer waits for both, folds, and runs tile kb's softmax while the other consumer's
-//     GEMMs keep the tensor cores busy (the two alternate their turns: ping-pong). Running a
-//     consumer's softmax during its own GEMMs was measured slower (bench/NOTES.md).
+//     Overlap: in one turn a consumer issues the PV product of tile kb-1, waits for it, and
+//     issues QK^T of tile kb; it folds O_blk into O while QK^T runs, then runs tile kb's
+//     softmax while the other consumers' GEMMs keep the tensor cores busy (they take turns
+//     in a ring: ping-pong). Running a consumer's softmax during its own GEMMs was measured
+//     slower (bench/NOTES.md).
 // setmaxnreg moves registers from the producer (which needs few) to the consumers.
 //
 // Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and
@@ -42,10 +44,20 @@ struct Sm90Args {
   AttnParams p;
 };
 
+// Consumer warpgroups per CTA (64 query rows each). D=128 fits two (240 registers each);
+// at D=64 a third fits in 160 registers and hides more of each consumer's softmax latency.
+#ifndef SAGE_SM90_NC64
+#define SAGE_SM90_NC64 3
+#endif
+
 template <int D>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128, "native head dims");
-  static constexpr int kBQ = 128, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 384;
+  static constexpr int kNC = D == 64 ? SAGE_SM90_NC64 : 2;
+  static_assert(kNC == 2 || kNC == 3, "two or three consumer warpgroups");
+  static constexpr int kBQ = 64 * kNC, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 128 * (kNC + 1);
+  // registers per consumer thread after setmaxnreg (the producer keeps 24): 65536 in all
+  static constexpr int kConsRegs = kNC == 2 ? 240 : 160;
   static constexpr int kQBufs = 2;    // Q of the next work tile lands while this one runs
   static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
@@ -59,7 +71,7 @@ struct Sm90Shape {
   static constexpr int kOBox = 64 * 128, kOBytes = (D / 64) * kOBox;
   static constexpr int kOffO = kOffV + kStages * kVStride;
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
-  static constexpr int kOffBar = kOffO + 2 * kOBytes;
+  static constexpr int kOffBar = kOffO + kNC * kOBytes;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
@@ -82,30 +94,32 @@ __device__ __forceinline__ float ex2_fma(float x) {
 }
 
 // Which exponentials go to ex2_fma: in each thread's row, those of every kPoly-th column pair
-// (0: none): 5 of 16 (every third) at D=128 and an eighth at D=64, the best of 0, 1/8, 1/4,
-// 1/3 and 1/2 measured on the H100 (bench/NOTES.md). SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
+// (0: none): 5 of 16 (every third) at D=128, the best of 0, 1/8, 1/4, 1/3 and 1/2 there; none
+// at D=64, where the three consumers leave no issue slots to spare (0 against 1/16 and 1/8,
+// measured on the H100, bench/NOTES.md). SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
 #ifndef SAGE_SM90_POLY64
-#define SAGE_SM90_POLY64 8
+#define SAGE_SM90_POLY64 0
 #endif
 #ifndef SAGE_SM90_POLY128
 #define SAGE_SM90_POLY128 3
 #endif
 
-// One work tile: 128 query rows of one (batch, head). Tiles are numbered with the query
+// One work tile: BQ (128 or 192) query rows of one (batch, head). Tiles are numbered with the query
 // block fastest, so the CTAs running at one time share a head's K and V in L2; causal
 // tiles of a head go longest first.
 struct Sm90Tile {
   int q0, h, b, nkb;
 };
+template <int BQ>
 __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
-  const int ntq = p.nq_pad / 128;
+  const int ntq = BQ == 128 ? p.nq_pad / 128 : (p.nq_pad + BQ - 1) / BQ;  // nq_pad: a multiple of 128
   const int qi = w % ntq, bh = w / ntq;
   Sm90Tile t;
-  t.q0 = (p.causal ? ntq - 1 - qi : qi) * 128;
+  t.q0 = (p.causal ? ntq - 1 - qi : qi) * BQ;
   t.h = bh % p.heads_q;
   t.b = bh / p.heads_q;
   int kv_lim = p.nk;
-  if (p.causal) kv_lim = min(kv_lim, t.q0 + 128);
+  if (p.causal) kv_lim = min(kv_lim, t.q0 + BQ);
   t.nkb = (kv_lim + kSm90BlockK - 1) / kSm90BlockK;  // >= 1: nk > 0
   return t;
 }
@@ -113,9 +127,9 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 // gridDim.x CTAs take work tiles w = blockIdx.x + i * gridDim.x: one per SM walking many
 // (persistent), or one CTA per tile.
 template <int D, typename OutT>
-__global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
+__global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   using S = Sm90Shape<D>;
-  constexpr int ST = S::kStages, BK = S::kBK;
+  constexpr int ST = S::kStages, BK = S::kBK, NC = S::kNC;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   static_assert(BK == 128, "the row maxima below take 16 scores per row and 64-key half");
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
@@ -137,12 +151,12 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
   if (tid == 0) {
     for (int i = 0; i < S::kQBufs; ++i) {
       mbar_init(&full_q[i], 1);
-      mbar_init(&empty_q[i], 8);  // one arrival per consumer warp
+      mbar_init(&empty_q[i], 4 * NC);  // one arrival per consumer warp
     }
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full_k[s], 1);
       mbar_init(&full_v[s], 1);
-      mbar_init(&empty[s], 8);
+      mbar_init(&empty[s], 4 * NC);
     }
     mbar_fence_init();
   }
@@ -166,7 +180,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
       int it = 0;
       for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
-        const Sm90Tile tl = sm90_tile(p, w);
+        const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
         const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
         const int qb = it % S::kQBufs;
@@ -185,33 +199,43 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
     }
   } else {
     // ---------------- consumers ----------------
-    regs_alloc<240>();
+    regs_alloc<S::kConsRegs>();
     const int cw = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int nwb = p.nq_pad / kAttnWarpQ;
     const int k_groups = p.k_groups, nk = p.nk;
     const bool causal = p.causal != 0;
     const bool pairs = out_pairs_ok(p, D);
 
-    // Ping-pong: the two consumers take turns issuing their GEMMs (named barriers 1 and 2),
-    // so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
-    // A turn issues PV of tile kb-1 and then QK^T of tile kb; the PV result is folded into O
-    // while QK^T still runs. The last turn of a work tile is the PV of its last key tile. Both
-    // consumers take nkb + 1 turns per work tile; consumer 0 goes first, and consumer 1 leaves
-    // out its very last hand-over so every barrier phase completes.
+    // Ping-pong: the consumers take turns issuing their GEMMs in a ring (named barriers 1 to
+    // NC; consumer cw waits on barrier 1 + cw, which the consumer before it arrives on), so
+    // one warpgroup's softmax runs while another's GEMMs keep the tensor cores busy.
+    // A turn issues PV of tile kb-1, waits for it and issues QK^T of tile kb; the PV result is
+    // folded into O while QK^T runs. The last turn of a work tile is the PV of its last key
+    // tile. All consumers take nkb + 1 turns per work tile; consumer 0 goes first (the last consumer
+    // arrives once ahead), and the last consumer leaves out its very last hand-over so every
+    // barrier phase completes.
+    // Waiting for PV inside the turn, before QK^T goes out, measured faster than issuing both
+    // and waiting for both (+2-3 % at D=128; at D=64 it is what makes three consumers pay):
+    // the fold runs under QK^T instead of after it, and P's registers are free again before
+    // S is written, so P, S, O_blk and O are never all live (at D=64 three consumers' 160
+    // registers then spill 12 bytes, not 316; D=128 no longer spills at all).
     // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
     // once: more than the 240 registers a consumer thread has.)
-    const int my_turn = 1 + cw, other_turn = 2 - cw;
-    if (cw == 1) named_bar_arrive<256>(1);
+    const int my_turn = 1 + cw, other_turn = NC == 2 ? 2 - cw : (cw + 1 == NC ? 1 : cw + 2);
+    if (cw == NC - 1) named_bar_arrive<256>(1);
 
     int c = 0;  // K/V tiles consumed so far (the producer's counter)
     int it = 0;
     for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
-      const Sm90Tile tl = sm90_tile(p, w);
+      const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
       const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
       const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
       const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
-      const float qsc = p.q_scale[(bh * nwb + row_w / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? g : 0)];
+      // (192-row tiles: the rows of the last tile past nq_pad are computed and dropped; their
+      // Q scale is read from the head's last block so that the load stays inside the buffer)
+      const int qwb = NC == 2 ? row_w / kAttnWarpQ : min(row_w / kAttnWarpQ, nwb - 1);
+      const float qsc = p.q_scale[(bh * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0)];
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const int qb = it % S::kQBufs;
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
@@ -280,7 +304,11 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // previous tile's GEMMs (below), off the path from one softmax to the next GEMMs
         named_bar_sync<256>(my_turn);
         wgmma_fence();
-        if (kb > 0) issue_pv();
+        if (kb > 0) {
+          issue_pv();
+          wgmma_wait<0>();
+        }
+        wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 32; ++ks) {
           constexpr int SW = S::kQKSwizzle;
@@ -290,17 +318,18 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         wgmma_commit();
         named_bar_arrive<256>(other_turn);
         // The operands of the next turn, while this turn's GEMMs run. No deadlock: the
-        // producer refills K slot kb+1 once PV of tile kb+1-kStages is done, in both
+        // producer refills K slot kb+1 once PV of tile kb+1-kStages is done, in all
         // consumers' earlier turns, which wait on nothing this consumer still holds.
         if (kb + 1 < nkb) mbar_wait(&full_k[nst], nph);
         mbar_wait(&full_v[st], ph);
 
-        // Both groups, then fold the previous tile's PV in. (Waiting for the PV group alone and
-        // folding it while QK^T runs makes ptxas serialize the wgmmas, C7514.)
+        // Fold the previous tile's PV in (waited for in the turn) while QK^T runs, then wait for
+        // S. (Issuing both and waiting for the PV group alone would make ptxas serialize the
+        // wgmmas, C7514.)
+        if (kb > 0) finish_pv();
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
-        if (kb > 0) finish_pv();
 
         // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
         // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
@@ -348,7 +377,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 #pragma unroll
             for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
               const float xe = fmaf(xb[4 * j + e], j < BK / 16 ? f0 : f1, j < BK / 16 ? e0 : e1);
-              const float pe = kPoly > 0 && j % kPoly == kPoly - 1 ? ex2_fma(xe) : ex2(xe);
+              const float pe = kPoly > 0 && j % (kPoly > 0 ? kPoly : 1) == kPoly - 1 ? ex2_fma(xe) : ex2(xe);
               xb[4 * j + e] = pe;
             }
         }
@@ -369,7 +398,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
       named_bar_sync<256>(my_turn);
       wgmma_fence();
       issue_pv();
-      if (cw == 0 || !last_work) named_bar_arrive<256>(other_turn);
+      if (cw != NC - 1 || !last_work) named_bar_arrive<256>(other_turn);
       // The V scales of this thread's output columns, loaded while that PV runs, all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
       // may alias it), one L2 round trip per column pair, ~9 us per work tile in all (ncu).
@@ -401,7 +430,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
         // the accumulator layout write 16 bytes per row and hold their source registers.
         // First, the previous work tile's store has read this consumer's staging buffer.
         if (tid % 128 == 0) bulk_wait_read();
-        named_bar_sync<128>(3 + cw);
+        named_bar_sync<128>(1 + NC + cw);
         uint8_t* ostage = smem + S::kOffO + cw * S::kOBytes;
         const uint32_t ostage_s = smem_addr(ostage);
 #pragma unroll
@@ -415,8 +444,8 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
           }
         }
         fence_proxy_async();
-        named_bar_sync<128>(3 + cw);
-        if (tid % 128 == 0) {
+        named_bar_sync<128>(1 + NC + cw);
+        if (tid % 128 == 0 && (NC == 2 || tl.q0 + cw * 64 < p.nq)) {
 #pragma unroll
           for (int bx = 0; bx < D / 64; ++bx) tma_store_4d(&a.to, ostage + bx * S::kOBox, 64 * bx, tl.q0 + cw * 64, h, b);
           bulk_commit();
@@ -442,7 +471,7 @@ __global__ void __launch_bounds__(384, 1) attn_sm90_kernel(const __grid_constant
 
 // Host side (attn_sm90_host.cu): the tensor maps of one call, and the persistent grid size
 // (the SMs of the current device, at most `tiles`; 0 on error).
-cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, Sm90Args& a);
+cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, Sm90Args& a);
 int sm90_grid(int64_t tiles);
 
 template <int D>
@@ -450,12 +479,12 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   using S = Sm90Shape<D>;
   Sm90Args a;
   a.p = p;
-  cudaError_t err = sm90_make_maps(p, D, a);
+  cudaError_t err = sm90_make_maps(p, D, S::kBQ, a);
   if (err != cudaSuccess) return err;
   auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, __nv_bfloat16> : attn_sm90_kernel<D, __half>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
-  const int64_t tiles = static_cast<int64_t>(p.nq_pad / S::kBQ) * p.heads_q * p.batch;
+  const int64_t tiles = static_cast<int64_t>((p.nq_pad + S::kBQ - 1) / S::kBQ) * p.heads_q * p.batch;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   // Causal tiles differ in length (1 to nk/128 key tiles): a static split over the SMs
   // leaves some SMs with far more work (measured: 531 against 559 TOPS at 16k), so every

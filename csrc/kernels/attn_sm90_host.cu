@@ -63,12 +63,12 @@ bool encode_o(CUtensorMap* m, const AttnParams& p) {
 
 }  // namespace
 
-cudaError_t sm90_make_maps(const AttnParams& p, int d, Sm90Args& a) {
+cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, Sm90Args& a) {
   const CUtensorMapSwizzle qk_swizzle = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const uint64_t q_rows = static_cast<uint64_t>(p.batch) * p.heads_q * p.nq_pad;
   const uint64_t kv_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * p.nk_pad;
   const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * d;
-  const bool ok = encode_2d(&a.tq, p.q, q_rows, d, 128, d, qk_swizzle) &&
+  const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, d, qk_swizzle) &&
                   encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK, d, qk_swizzle) &&
                   encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
@@ -83,7 +83,7 @@ int sm90_grid(int64_t tiles) {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return 0;
-  return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(384, 1))
+  return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(kThreads, 1))
 }
 
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {

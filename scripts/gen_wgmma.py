@@ -21,8 +21,9 @@ OPS = (
     # S = Q K^T: int8 x int8 -> int32, both operands from shared memory; N = 128 keys per tile
     ("wgmma_s8_ss", 32, "int32_t", "r", "s32.s8.s8", False, "", (128,)),
     # O += P V: e4m3 P from registers, e4m3 V^T from shared memory, fp32 accumulate. N = D + 8:
-    # V^T with 8 rows of ones, whose columns of the product are the row sums of P
-    ("wgmma_e4m3_rs", 32, "float", "f", "f32.e4m3.e4m3", True, ", 1, 1", (72, 136)),
+    # V^T with 8 rows of ones, whose columns of the product are the row sums of P. With three
+    # consumers at D=128 the product goes in two halves: N = 64, then 64 + 8
+    ("wgmma_e4m3_rs", 32, "float", "f", "f32.e4m3.e4m3", True, ", 1, 1", (64, 72, 136)),
 )
 
 

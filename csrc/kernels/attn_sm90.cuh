@@ -1,8 +1,8 @@
 // Hopper (sm_90a) attention: INT8 QK^T and FP8 e4m3 PV on wgmma, tiles brought in by TMA.
 //
 // Persistent: one CTA per SM walks work tiles of 64 x NC query rows (sm90_tile); causal calls
-// launch one CTA per tile instead (see attn_sm90_d). A CTA has NC + 1 warpgroups (NC = 2 at
-// D=128, 3 at D=64):
+// launch one CTA per tile instead (see attn_sm90_d). A CTA has NC + 1 warpgroups (NC = 3 at
+// D=64 and at D=128 from 2048 keys on, else 2):
 //   - warpgroup 0, the producer: one thread issues the TMA loads (Q of each work tile into
 //     one of two buffers, then K and V^T tiles of 128 keys into a kStages-deep ring of
 //     shared-memory buffers, each buffer guarded by "full" mbarriers (bytes landed) and an
@@ -19,7 +19,8 @@
 //     applied in the epilogue, which writes O through shared memory and TMA stores (plain
 //     stores where the output's strides do not allow TMA).
 //     Overlap: in one turn a consumer issues the PV product of tile kb-1, waits for it, and
-//     issues QK^T of tile kb; it folds O_blk into O while QK^T runs, then runs tile kb's
+//     issues QK^T of tile kb; it folds O_blk into O while QK^T runs (with three consumers at
+//     D=128, PV goes in two halves folded in the turn: registers), then runs tile kb's
 //     softmax while the other consumers' GEMMs keep the tensor cores busy (they take turns
 //     in a ring: ping-pong). Running a consumer's softmax during its own GEMMs was measured
 //     slower (bench/NOTES.md).
@@ -31,6 +32,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cstdlib>
 #include "common.cuh"
 #include "sm90.cuh"
 #include "wgmma_ops.cuh"
@@ -44,17 +46,23 @@ struct Sm90Args {
   AttnParams p;
 };
 
-// Consumer warpgroups per CTA (64 query rows each). D=128 fits two (240 registers each);
-// at D=64 a third fits in 160 registers and hides more of each consumer's softmax latency.
-#ifndef SAGE_SM90_NC64
-#define SAGE_SM90_NC64 3
+// NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
+// with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
+// runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on and two below (three are
+// slower on short sequences: fewer, longer work tiles, and the split PV product below).
+#ifndef SAGE_SM90_NC3_KEYS
+#define SAGE_SM90_NC3_KEYS 2048
 #endif
 
-template <int D>
+template <int D, int NC>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128, "native head dims");
-  static constexpr int kNC = D == 64 ? SAGE_SM90_NC64 : 2;
-  static_assert(kNC == 2 || kNC == 3, "two or three consumer warpgroups");
+  static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
+  static constexpr int kNC = NC;
+  // three consumers at D=128: the PV product in two halves of 64 columns, each waited for and
+  // folded before the next GEMM, so that O_blk is never live whole beside O (160 registers)
+  static constexpr bool kSplitPV = D == 128 && kNC == 3;
+  static constexpr int kKbu = kSplitPV ? 1 : 2;  // the key loop's unroll (2 spills 476 bytes with kSplitPV)
   static constexpr int kBQ = 64 * kNC, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 128 * (kNC + 1);
   // registers per consumer thread after setmaxnreg (the producer keeps 24): 65536 in all
   static constexpr int kConsRegs = kNC == 2 ? 240 : 160;
@@ -94,14 +102,15 @@ __device__ __forceinline__ float ex2_fma(float x) {
 }
 
 // Which exponentials go to ex2_fma: in each thread's row, those of every kPoly-th column pair
-// (0: none): 5 of 16 (every third) at D=128, the best of 0, 1/8, 1/4, 1/3 and 1/2 there; none
-// at D=64, where the three consumers leave no issue slots to spare (0 against 1/16 and 1/8,
-// measured on the H100, bench/NOTES.md). SAGE_SM90_POLY64 / SAGE_SM90_POLY128 override, for experiments.
-#ifndef SAGE_SM90_POLY64
-#define SAGE_SM90_POLY64 0
+// (0: none). With two consumers (D=128, short sequences) 5 of 16 (every third), the best of 0,
+// 1/8, 1/4, 1/3 and 1/2; with three none, as they leave no issue slots to spare (0 against
+// 1/16, 1/8 and 1/3; measured on the H100, bench/NOTES.md). SAGE_SM90_POLY2 / SAGE_SM90_POLY3
+// override, for experiments.
+#ifndef SAGE_SM90_POLY2
+#define SAGE_SM90_POLY2 3
 #endif
-#ifndef SAGE_SM90_POLY128
-#define SAGE_SM90_POLY128 3
+#ifndef SAGE_SM90_POLY3
+#define SAGE_SM90_POLY3 0
 #endif
 
 // One work tile: BQ (128 or 192) query rows of one (batch, head). Tiles are numbered with the query
@@ -126,14 +135,14 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 
 // gridDim.x CTAs take work tiles w = blockIdx.x + i * gridDim.x: one per SM walking many
 // (persistent), or one CTA per tile.
-template <int D, typename OutT>
-__global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
-  using S = Sm90Shape<D>;
+template <int D, int NCONS, typename OutT>
+__global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
+  using S = Sm90Shape<D, NCONS>;
   constexpr int ST = S::kStages, BK = S::kBK, NC = S::kNC;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   static_assert(BK == 128, "the row maxima below take 16 scores per row and 64-key half");
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
-  constexpr int kPoly = D == 64 ? SAGE_SM90_POLY64 : SAGE_SM90_POLY128;
+  constexpr int kPoly = NC == 2 ? SAGE_SM90_POLY2 : SAGE_SM90_POLY3;
   const AttnParams& p = a.p;
 
   extern __shared__ uint8_t smem_raw[];
@@ -242,7 +251,7 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
       const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
 
       float o[D / 2];
-      float blk[D / 2 + 4];  // PV of one tile and the row sums of its P (written by the tensor cores)
+      float blk[D / 2 + 4];  // (unused with kSplitPV) PV of one tile and the row sums of its P (written by the tensor cores)
       int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -264,6 +273,48 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
           else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
         }
         wgmma_commit();
+      };
+      // Split PV (kSplitPV): columns 0-63, waited for and folded, then 64-127 and the sums.
+      auto split_pv = [&]() {
+        const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
+        {
+          float ba[32];
+#pragma unroll
+          for (int s = 0; s < BK / 32; ++s) {
+            if (s == 0) wgmma_e4m3_rs_zero<64>(ba, pa[s], kmajor_desc_at<128>(dv));
+            else wgmma_e4m3_rs<64>(ba, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 32; ++i) reg_fence(ba[i]);
+#pragma unroll
+          for (int i = 0; i < 32; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + ba[i];
+        }
+        {
+          float bb[36];
+          wgmma_fence();
+          const uint32_t dvb = dv + ((64 * BK) >> 4);  // row 64 of V^T
+#pragma unroll
+          for (int s = 0; s < BK / 32; ++s) {
+            if (s == 0) wgmma_e4m3_rs_zero<72>(bb, pa[s], kmajor_desc_at<128>(dvb));
+            else wgmma_e4m3_rs<72>(bb, pa[s], kmajor_desc_at<128>(dvb + 2 * s), 1);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 36; ++i) reg_fence(bb[i]);
+#pragma unroll
+          for (int s = 0; s < BK / 32; ++s)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
+#pragma unroll
+          for (int i = 0; i < 32; ++i) o[32 + i] = o[32 + i] * alpha[(i >> 1) & 1] + bb[i];
+          l[0] = l[0] * alpha[0] + bb[32];
+          l[1] = l[1] * alpha[1] + bb[34];
+        }
       };
       auto finish_pv = [&]() {
 #pragma unroll
@@ -289,7 +340,7 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
       mbar_wait(&full_k[st], ph);
       // Unrolled by two: ptxas schedules two tiles' softmax and turns together better (measured
       // +2-5 % from 4k keys up, equal at 1k; bench/NOTES.md)
-#pragma unroll 2
+#pragma unroll (S::kKbu)
       for (int kb = 0; kb < nkb; ++kb) {
         const float ks0 = kn0, ks1 = kn1;
         if (kb + 1 < nkb) {
@@ -305,8 +356,12 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
         named_bar_sync<256>(my_turn);
         wgmma_fence();
         if (kb > 0) {
-          issue_pv();
-          wgmma_wait<0>();
+          if constexpr (S::kSplitPV) {
+            split_pv();
+          } else {
+            issue_pv();
+            wgmma_wait<0>();
+          }
         }
         wgmma_fence();
 #pragma unroll
@@ -326,7 +381,9 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
         // Fold the previous tile's PV in (waited for in the turn) while QK^T runs, then wait for
         // S. (Issuing both and waiting for the PV group alone would make ptxas serialize the
         // wgmmas, C7514.)
-        if (kb > 0) finish_pv();
+        if constexpr (!S::kSplitPV) {
+          if (kb > 0) finish_pv();
+        }
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
@@ -397,7 +454,8 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
       // the last turn of this work tile: PV of its last key tile (its V waited for above)
       named_bar_sync<256>(my_turn);
       wgmma_fence();
-      issue_pv();
+      if constexpr (S::kSplitPV) split_pv();
+      else issue_pv();
       if (cw != NC - 1 || !last_work) named_bar_arrive<256>(other_turn);
       // The V scales of this thread's output columns, loaded while that PV runs, all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
@@ -406,8 +464,10 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
       const float* vsc = p.v_scale + bhk * D;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
-      wgmma_wait<0>();
-      finish_pv();
+      if constexpr (!S::kSplitPV) {
+        wgmma_wait<0>();
+        finish_pv();
+      }
       c = c0 + nkb;
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty_q[qb]);  // Q of this work tile is consumed
@@ -474,14 +534,14 @@ __global__ void __launch_bounds__(Sm90Shape<D>::kThreads, 1) attn_sm90_kernel(co
 cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, Sm90Args& a);
 int sm90_grid(int64_t tiles);
 
-template <int D>
-cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
-  using S = Sm90Shape<D>;
+template <int D, int NC>
+cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
+  using S = Sm90Shape<D, NC>;
   Sm90Args a;
   a.p = p;
   cudaError_t err = sm90_make_maps(p, D, S::kBQ, a);
   if (err != cudaSuccess) return err;
-  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, __nv_bfloat16> : attn_sm90_kernel<D, __half>;
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16> : attn_sm90_kernel<D, NC, __half>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
   const int64_t tiles = static_cast<int64_t>((p.nq_pad + S::kBQ - 1) / S::kBQ) * p.heads_q * p.batch;
@@ -492,6 +552,20 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   const int grid = p.causal ? static_cast<int>(tiles) : sm90_grid(tiles);
   if (grid <= 0) return cudaErrorInvalidDevice;
   return launch_pdl(kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, static_cast<int>(tiles));
+}
+
+template <int D>
+cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    return attn_sm90_launch<D, 3>(p, stream);
+  } else {
+    // SAGEATTN_SM90_NC3_KEYS moves the switch-over, for tests (1: always three consumers)
+    static const int nc3_keys = [] {
+      const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
+      return e && *e ? std::atoi(e) : SAGE_SM90_NC3_KEYS;
+    }();
+    return p.nk >= nc3_keys ? attn_sm90_launch<D, 3>(p, stream) : attn_sm90_launch<D, 2>(p, stream);
+  }
 }
 
 }  // namespace sage

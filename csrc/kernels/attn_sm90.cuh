@@ -2,7 +2,7 @@
 //
 // Persistent: one CTA per SM walks work tiles of 64 x NC query rows (sm90_tile); causal calls
 // launch one CTA per tile instead (see attn_sm90_d). A CTA has NC + 1 warpgroups (NC = 3 at
-// D=64 and at D=128 from 2048 keys on, else 2):
+// D=64 and at D=128 on long sequences, else 2):
 //   - warpgroup 0, the producer: one thread issues the TMA loads (Q of each work tile into
 //     one of two buffers, then K and V^T tiles of 128 keys into a kStages-deep ring of
 //     shared-memory buffers, each buffer guarded by "full" mbarriers (bytes landed) and an
@@ -48,10 +48,14 @@ struct Sm90Args {
 
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
 // with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
-// runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on and two below (three are
-// slower on short sequences: fewer, longer work tiles, and the split PV product below).
+// runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two
+// below: three are slower on short sequences (fewer, longer work tiles, and the split PV
+// product below; measured: 1k -7 %, 2k +4 %, causal 4k -2 %, causal 16k +4 %).
 #ifndef SAGE_SM90_NC3_KEYS
 #define SAGE_SM90_NC3_KEYS 2048
+#endif
+#ifndef SAGE_SM90_NC3_KEYS_CAUSAL
+#define SAGE_SM90_NC3_KEYS_CAUSAL 8192
 #endif
 
 template <int D, int NC>
@@ -559,11 +563,12 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     return attn_sm90_launch<D, 3>(p, stream);
   } else {
-    // SAGEATTN_SM90_NC3_KEYS moves the switch-over, for tests (1: always three consumers)
-    static const int nc3_keys = [] {
+    // SAGEATTN_SM90_NC3_KEYS moves both switch-overs, for tests (1: always three consumers)
+    static const int env_keys = [] {
       const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
-      return e && *e ? std::atoi(e) : SAGE_SM90_NC3_KEYS;
+      return e && *e ? std::atoi(e) : 0;
     }();
+    const int nc3_keys = env_keys > 0 ? env_keys : (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL : SAGE_SM90_NC3_KEYS);
     return p.nk >= nc3_keys ? attn_sm90_launch<D, 3>(p, stream) : attn_sm90_launch<D, 2>(p, stream);
   }
 }

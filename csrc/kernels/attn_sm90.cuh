@@ -268,72 +268,50 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       const uint32_t dk0 = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + S::kOffK));
       const uint32_t dv0 = kmajor_desc_lo<128>(smem_addr(smem + S::kOffV));
 
-      // O = O * alpha + P V for key tile kb-1 (ring slot pst), issued inside a turn.
-      auto issue_pv = [&]() {
-        const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
+      // O_blk = P V for key tile kb-1 (ring slot pst), issued inside a turn: the columns of V^T
+      // rows row0 .. row0 + N - 1 into acc (N / 2 registers), committed as one group.
+      auto issue_pv = [&](auto& acc, int row0) {
+        constexpr int N = 2 * static_cast<int>(sizeof(acc) / sizeof(acc[0]));
+        const uint32_t dv = dv0 + pst * (S::kVStride >> 4) + ((row0 * BK) >> 4);
 #pragma unroll
         for (int s = 0; s < BK / 32; ++s) {
-          if (s == 0) wgmma_e4m3_rs_zero<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv));
-          else wgmma_e4m3_rs<D + 8>(blk, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
+          if (s == 0) wgmma_e4m3_rs_zero<N>(acc, pa[s], kmajor_desc_at<128>(dv));
+          else wgmma_e4m3_rs<N>(acc, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
         }
         wgmma_commit();
       };
-      // Split PV (kSplitPV): columns 0-63, waited for and folded, then 64-127 and the sums.
-      auto split_pv = [&]() {
-        const uint32_t dv = dv0 + pst * (S::kVStride >> 4);
-        {
-          float ba[32];
+      // O = O * alpha + acc, acc (complete) holding output columns from 2 * o0 on. The part
+      // that ends in the ones columns (last) also gives the row sums (columns D + 2t and
+      // D + 2t + 1, equal: rows g and g + 8), and then P and the V slot are done with.
+      auto fold = [&](auto& acc, int o0, bool last) {
+        constexpr int L = static_cast<int>(sizeof(acc) / sizeof(acc[0]));
 #pragma unroll
-          for (int s = 0; s < BK / 32; ++s) {
-            if (s == 0) wgmma_e4m3_rs_zero<64>(ba, pa[s], kmajor_desc_at<128>(dv));
-            else wgmma_e4m3_rs<64>(ba, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
-          }
-          wgmma_commit();
-          wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 32; ++i) reg_fence(ba[i]);
-#pragma unroll
-          for (int i = 0; i < 32; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + ba[i];
-        }
-        {
-          float bb[36];
-          wgmma_fence();
-          const uint32_t dvb = dv + ((64 * BK) >> 4);  // row 64 of V^T
-#pragma unroll
-          for (int s = 0; s < BK / 32; ++s) {
-            if (s == 0) wgmma_e4m3_rs_zero<72>(bb, pa[s], kmajor_desc_at<128>(dvb));
-            else wgmma_e4m3_rs<72>(bb, pa[s], kmajor_desc_at<128>(dvb + 2 * s), 1);
-          }
-          wgmma_commit();
-          wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 36; ++i) reg_fence(bb[i]);
+        for (int i = 0; i < L; ++i) reg_fence(acc[i]);
+        if (last) {
 #pragma unroll
           for (int s = 0; s < BK / 32; ++s)
 #pragma unroll
             for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
           __syncwarp();
           if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
+        }
 #pragma unroll
-          for (int i = 0; i < 32; ++i) o[32 + i] = o[32 + i] * alpha[(i >> 1) & 1] + bb[i];
-          l[0] = l[0] * alpha[0] + bb[32];
-          l[1] = l[1] * alpha[1] + bb[34];
+        for (int i = 0; i < L && o0 + i < D / 2; ++i) o[o0 + i] = o[o0 + i] * alpha[(i >> 1) & 1] + acc[i];
+        if (last) {
+          l[0] = l[0] * alpha[0] + acc[L - 4];
+          l[1] = l[1] * alpha[1] + acc[L - 2];
         }
       };
-      auto finish_pv = [&]() {
-#pragma unroll
-        for (int i = 0; i < D / 2 + 4; ++i) reg_fence(blk[i]);
-#pragma unroll
-        for (int s = 0; s < BK / 32; ++s)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) reg_fence(pa[s][r]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = o[i] * alpha[(i >> 1) & 1] + blk[i];
-        // columns D + 2t, D + 2t + 1 (equal): the sums of rows g and g + 8
-        l[0] = l[0] * alpha[0] + blk[D / 2];
-        l[1] = l[1] * alpha[1] + blk[D / 2 + 2];
+      // Split PV (kSplitPV): columns 0-63 waited for and folded, then 64-127 and the sums.
+      auto split_pv = [&]() {
+        float ba[32], bb[36];
+        issue_pv(ba, 0);
+        wgmma_wait<0>();
+        fold(ba, 0, false);
+        wgmma_fence();
+        issue_pv(bb, 64);
+        wgmma_wait<0>();
+        fold(bb, 32, true);
       };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
@@ -363,7 +341,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
           if constexpr (S::kSplitPV) {
             split_pv();
           } else {
-            issue_pv();
+            issue_pv(blk, 0);
             wgmma_wait<0>();
           }
         }
@@ -386,7 +364,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
         // S. (Issuing both and waiting for the PV group alone would make ptxas serialize the
         // wgmmas, C7514.)
         if constexpr (!S::kSplitPV) {
-          if (kb > 0) finish_pv();
+          if (kb > 0) fold(blk, 0, true);
         }
         wgmma_wait<0>();
 #pragma unroll
@@ -459,9 +437,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       named_bar_sync<256>(my_turn);
       wgmma_fence();
       if constexpr (S::kSplitPV) split_pv();
-      else issue_pv();
+      else issue_pv(blk, 0);
       if (cw != NC - 1 || !last_work) named_bar_arrive<256>(other_turn);
-      // The V scales of this thread's output columns, loaded while that PV runs, all at once:
+      // The V scales of this thread's output columns, loaded while that PV runs (split: after
+      // it), all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
       // may alias it), one L2 round trip per column pair, ~9 us per work tile in all (ncu).
       float2 vs[D / 8];
@@ -470,7 +449,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
       if constexpr (!S::kSplitPV) {
         wgmma_wait<0>();
-        finish_pv();
+        fold(blk, 0, true);
       }
       c = c0 + nkb;
       __syncwarp();

@@ -71,7 +71,20 @@ struct QuantQKVParams {
   float* v_scale;              // [B, Hkv, d_pad]
   float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
+  // Scratch of the one-pass path (quant_qkv_scratch says whether it is taken and how much):
+  int* sync;                   // zeroed before the launch: ticket, per-group arrivals and flags
+  float* partial;              // per-chunk statistics (no initial value needed)
 };
+// The one-pass path (sm_90 module, from 4096 keys, head dims padded to 64 or 128, 16-byte
+// aligned K and V rows, no q . K mean): every K/V chunk stays in shared memory while its
+// head's statistics are combined across CTAs, so K and V are read from memory once. Its
+// scratch sizes, in elements; both zero when the two-launch path is taken.
+// SAGEATTN_QKV_PASSES=1 or 2 forces one pass (where possible) or two launches.
+struct QuantQKVScratch {
+  int64_t sync_ints = 0;
+  int64_t partial_floats = 0;
+};
+QuantQKVScratch quant_qkv_scratch(const QuantQKVParams& p);
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif
 

@@ -10,6 +10,12 @@
 //      16-row scale block). Every warp loads its rows into registers once, reduces the
 //      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
 //      is quant_int8.cu's and quant_fp8.cu's.
+//
+// The Hopper module has a third way from 4096 keys on (section 3): one grid that keeps each
+// K/V chunk in shared memory while its head's statistics are combined across CTAs, so K and
+// V are read once (the two launches read them twice).
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 
@@ -31,6 +37,9 @@ constexpr int kVTokens = 64;         // V tile of one warp: 64 tokens x 32 chann
 constexpr int kVChannels = 32;
 static_assert(kAttnWarpQ == kWarpRows && kAttnBlockK == kWarps * kWarpRows,
               "Q scale blocks are one warp's rows, K scale blocks one CTA's");
+
+// bar.sync on barrier `id` for `n` threads (id 0 with the whole CTA: __syncthreads)
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 __device__ __forceinline__ uint16_t bits_of(__half x) { return __half_as_ushort(x); }
 __device__ __forceinline__ uint16_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
@@ -110,6 +119,29 @@ __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
   const float f = __fsub_rn(__fadd_rz(a, k2p23), k2p23);     // floor(a), exact
   const float m = copysignf(fminf(f, 127.f), t);
   return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
+}
+
+// V's per-channel outputs of head bh, channel c, from the sum, maximum and minimum over all
+// keys: the scale, its inverse (returned) and the mean when smoothing (returned in *mean).
+__device__ __forceinline__ float v_stats_out(const QuantQKVParams& p, int64_t bh, int c, float ts, float tmx,
+                                             float tmn, float* mean_out = nullptr) {
+  const int n = p.v.n;
+  float mean = 0.f, amax = 0.f;
+  if (c < p.v.d && n > 0) {
+    if (p.v_mean) {
+      mean = __fdiv_rn(ts, static_cast<float>(n));
+      amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
+    } else {
+      amax = fmaxf(tmx, -tmn);
+    }
+  }
+  amax = fmaxf(amax, kAmaxEps);
+  const float inv = __fdiv_rn(p.v_scale_max, amax);
+  p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
+  p.v_inv[bh * p.d_pad + c] = inv;
+  if (p.v_mean) p.v_mean[bh * p.d_pad + c] = mean;
+  if (mean_out) *mean_out = mean;
+  return inv;
 }
 
 // ============================== 1. statistics ==============================
@@ -192,23 +224,9 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
     ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
     tk += red[3][w][tid];
   }
-  const int c = c0 + tid;
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
-  const bool real = c < d && n > 0;
-  float mean = 0.f, amax = 0.f;
-  if (real) {
-    if (p.v_mean) {
-      mean = __fdiv_rn(ts, static_cast<float>(n));
-      amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
-    } else {
-      amax = fmaxf(tmx, -tmn);
-    }
-  }
-  amax = fmaxf(amax, kAmaxEps);
-  p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
-  p.v_inv[bh * p.d_pad + c] = __fdiv_rn(p.v_scale_max, amax);
-  if (p.v_mean) p.v_mean[bh * p.d_pad + c] = mean;
-  if (ksum && c < d) p.k_mean[bh * d + c] = __fdiv_rn(tk, static_cast<float>(n));
+  v_stats_out(p, bh, c0 + tid, ts, tmx, tmn);
+  if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = __fdiv_rn(tk, static_cast<float>(n));
 }
 
 // ============================== 2. quantization ==============================
@@ -249,12 +267,13 @@ __device__ __forceinline__ RowJob rows_of(const Input4D& in, int b, int h) {
   return j;
 }
 
-// `red` (shared, [kWarps][4]): the warps of a CTA share one scale block (K); null: the
-// warp's own block (Q). All threads of the CTA call it in the first case.
+// `red` (shared, [kWarps][4]): four warps share one scale block (K) and synchronize on
+// barrier `bar` (0: the whole 128-thread CTA); null: the warp's own block (Q). All four warps
+// call it in the first case.
 template <typename T, int DP, int G>
-__device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
+__device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4], int bar = 0) {
   using S = RowShape<DP>;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % kWarps;
   const int lr = lane / S::kLanesPerRow, col0 = (lane % S::kLanesPerRow) * 16;
   const T* x = static_cast<const T*>(j.x);
   const bool scaled = j.prescale != 1.f;
@@ -357,7 +376,7 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s)
       if (writer(s)) red[warp][group(s)] = am[s];
-    __syncthreads();
+    bar_sync(bar, kThreads);
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s) {
       float a = red[0][group(s)];
@@ -387,37 +406,28 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   }
 }
 
-// One warp's V tile: 64 tokens x 32 channels of one kv head, written as e4m3 [channel][token]
-// with the tokens of each 16-token group in the MMA's order 0,1,8,9,2,3,10,11,...,6,7,14,15
-// (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels cgrp*4.. +4 of tokens
-// tg*16.. +16: it holds a whole permuted group of each of its channels, one 16-byte store each.
+// One warp's V tile: 64 tokens x 32 channels of kv head bh, from token n0t and channel c0t,
+// written as e4m3 [channel][token] with the tokens of each 16-token group in the MMA's order
+// 0,1,8,9,2,3,10,11,...,6,7,14,15 (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels
+// cgrp*4.. +4 of tokens tg*16.. +16: it holds a whole permuted group of each of its channels,
+// one 16-byte store each. `rows`: token n0t's row (global memory or a shared-memory chunk),
+// n_left: the tokens from n0t on that exist (the rest are zeros); inv and mean (null: no
+// smoothing) are the head's per-channel values.
 template <typename T, int DP>
-__device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t unit) {
-  constexpr int kTilesC = DP / kVChannels;
+__device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* rows, int64_t stride_n, bool vec,
+                                             int n_left, int64_t bh, int n0t, int c0t, const float* inv_g,
+                                             const float* mean_g) {
   const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
-  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
-  const int tiles_n = p.nk_pad / kVTokens;
-  // the last token tiles first, every head in turn: what the statistics kernel read last may
-  // still be in L2
-  const int tc = static_cast<int>(unit % kTilesC);
-  const int64_t rest = unit / kTilesC;
-  const int64_t bh = rest % bhs;
-  const int tn = tiles_n - 1 - static_cast<int>(rest / bhs);
-  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
-  const int n = p.v.n, d = p.v.d;
-  const int n0 = tn * kVTokens + tg * 16, c0 = tc * kVChannels + cgrp * 4;
-  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
-  const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
-
+  const int d = p.v.d, t0 = tg * 16, c0 = c0t + cgrp * 4;
   uint2 raw[16];
 #pragma unroll
   for (int t = 0; t < 16; ++t) {
     raw[t] = make_uint2(0u, 0u);
-    if (n0 + t < n && c0 < d) raw[t] = load_bits4(v + (n0 + t) * p.v.stride_n, c0, d, vec);
+    if (t0 + t < n_left && c0 < d) raw[t] = load_bits4(rows + (t0 + t) * stride_n, c0, d, vec);
   }
-  const float* inv_g = p.v_inv + bh * DP + c0;
-  const float* mean_g = p.v_mean ? p.v_mean + bh * DP + c0 : nullptr;
-  uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0;
+  inv_g += c0;
+  if (mean_g) mean_g += c0;
+  uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0t + t0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint32_t w[4] = {0u, 0u, 0u, 0u};
@@ -427,7 +437,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t un
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const float x = elem<T>(raw[t], i);
-        y[t] = n0 + t < n ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
+        y[t] = t0 + t < n_left ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
       }
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
@@ -437,6 +447,48 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, int64_t un
     }
     *reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * p.nk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
   }
+}
+
+// V tile `unit` of the two-launch path, read from global memory: the last token tiles first,
+// every head in turn (what the statistics kernel read last may still be in L2).
+template <typename T, int DP>
+__device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t unit) {
+  constexpr int kTilesC = DP / kVChannels;
+  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
+  const int tiles_n = p.nk_pad / kVTokens;
+  const int tc = static_cast<int>(unit % kTilesC);
+  const int64_t rest = unit / kTilesC;
+  const int64_t bh = rest % bhs;
+  const int tn = tiles_n - 1 - static_cast<int>(rest / bhs);
+  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, p.v.d);
+  const int n0t = tn * kVTokens;
+  quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, p.v.n - n0t, bh, n0t, tc * kVChannels,
+                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr);
+}
+
+// Q scale block `unit` (16 rows of one head) for one warp.
+template <typename T, int DP>
+__device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t unit) {
+  const int nblk = p.nq_pad / kAttnWarpQ;
+  if (unit >= static_cast<int64_t>(p.q.batch) * p.q.heads * nblk) return;
+  const int64_t bh = unit / nblk;
+  const int rb = static_cast<int>(unit % nblk);
+  const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
+  const int hkv = h / (p.q.heads / p.k.heads);
+  RowJob j = rows_of<T>(p.q, b, h);
+  j.row0 = rb * kAttnWarpQ;
+  j.prescale = p.q_prescale;
+  j.mean = nullptr;
+  j.dot_mean = p.q_rowdot ? p.k_mean + (static_cast<int64_t>(b) * p.k.heads + hkv) * p.k.d : nullptr;
+  j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
+  j.out = p.q_out + bh * p.nq_pad * DP;
+  j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
+  if (p.q_groups == 8)
+    quant_rows<T, DP, 8>(j, nullptr);
+  else
+    quant_rows<T, DP, 1>(j, nullptr);
 }
 
 // Blocks [0, k_ctas): K; [k_ctas, k_ctas + v_ctas): V; the rest: Q.
@@ -471,31 +523,251 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   if (blk < v_ctas) {
     const int64_t unit = blk * kWarps + warp;
     const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
-    if (unit < units) quant_v_tile<T, DP>(p, unit);
+    if (unit < units) quant_v_unit<T, DP>(p, unit);
     return;
   }
   blk -= v_ctas;
-  // Q: one 16-row scale block per warp
-  const int64_t unit = blk * kWarps + warp;
-  const int nblk = p.nq_pad / kAttnWarpQ;
-  if (unit >= static_cast<int64_t>(p.q.batch) * p.q.heads * nblk) return;
-  const int64_t bh = unit / nblk;
-  const int rb = static_cast<int>(unit % nblk);
-  const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
-  const int hkv = h / (p.q.heads / p.k.heads);
-  RowJob j = rows_of<T>(p.q, b, h);
-  j.row0 = rb * kAttnWarpQ;
-  j.prescale = p.q_prescale;
-  j.mean = nullptr;
-  j.dot_mean = p.q_rowdot ? p.k_mean + (static_cast<int64_t>(b) * p.k.heads + hkv) * p.k.d : nullptr;
-  j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
-  j.out = p.q_out + bh * p.nq_pad * DP;
-  j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
-  if (p.q_groups == 8)
-    quant_rows<T, DP, 8>(j, nullptr);
-  else
-    quant_rows<T, DP, 1>(j, nullptr);
+  quant_q_unit<T, DP>(p, blk * kWarps + warp);  // Q: one 16-row scale block per warp
 }
+
+#if defined(SAGE_SM90)  // the Hopper module only (the one it was measured on)
+// ============================== 3. one pass ==============================
+//
+// One grid, no separate statistics launch: each CTA takes a ticket. The first tickets are
+// chunks of kChunkTokens keys of one K or V head ("group"), loaded into shared memory once (a
+// share of Q's blocks is quantized while the chunk is in flight); the CTA adds its chunk's
+// per-channel sum (and, for V, max and min) to the group's partials, the group's last chunk to
+// arrive combines them in chunk order (the same result in every CTA) and raises the group's
+// flag, and every chunk then quantizes from shared memory. The tickets after them are the Q
+// blocks left over, which wait for nothing. A chunk waits only for chunks of its own group,
+// all of which hold tickets by then (tickets are taken in order), so the grid cannot deadlock
+// while a group's chunks fit on the GPU at once: the host only takes this path when twice the
+// chunks of a group fit (one_pass_chunks).
+
+constexpr int kOPThreads = 256, kOPWarps = kOPThreads / 32;  // two 4-warp halves
+constexpr int kChunkElems = 32768;  // 64 KiB of 16-bit inputs per CTA: three CTAs per SM
+constexpr int kOnePassMinKeys = 4096;  // below, the two launches were faster (1k: 93 against 102 µs)
+template <int DP>
+constexpr int kChunkTokens = kChunkElems / DP;  // 512 (DP 64) or 256 (DP 128)
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kOPThreads, 3) qkv_one_pass_kernel(const QuantQKVParams p, int chunks, int kv_ctas,
+                                                                     int q_per_warp) {
+  constexpr int kT = kChunkTokens<DP>;
+  constexpr int kPairs = DP / 2, kStripes = kOPThreads / kPairs;  // channel pairs x token stripes
+  static_assert(kT % 128 == 0 && DP <= kOPThreads, "chunks hold whole 128-key tiles");
+  extern __shared__ uint4 chunk_smem[];
+  T* const xs = reinterpret_cast<T*>(chunk_smem);  // [kT][DP]
+  __shared__ float red[kOPWarps][4];
+  __shared__ float part[3][kStripes][DP];  // sum, max, min per token stripe
+  __shared__ float s_mean[DP], s_inv[DP];
+  __shared__ int s_ticket, s_last;
+  pdl_launch_dependents();  // the attention kernel may be scheduled once every CTA has started
+  const int tid = threadIdx.x, warp = tid >> 5;
+  if (tid == 0) s_ticket = atomicAdd(p.sync, 1);
+  __syncthreads();
+  const int ticket = s_ticket;
+  if (ticket >= kv_ctas) {  // Q blocks left over after the K/V CTAs' shares
+    quant_q_unit<T, DP>(p, (static_cast<int64_t>(kv_ctas) * q_per_warp + ticket - kv_ctas) * kOPWarps + warp);
+    return;
+  }
+  const int groups = 2 * p.k.batch * p.k.heads;
+  const int grp = ticket / chunks, chunk = ticket % chunks;
+  const bool is_v = grp & 1;
+  const int64_t bh = grp >> 1;
+  const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
+  const Input4D& in = is_v ? p.v : p.k;
+  const int n = in.n, d = in.d, r0 = chunk * kT;
+  const int rows = min(kT, n - r0);  // >= 1: chunks = ceil(n / kT)
+  const T* src = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h + r0 * in.stride_n;
+
+  // the chunk into shared memory; rows past n and columns past d as zeros (d % 8 == 0 here)
+#pragma unroll 8
+  for (int i = tid; i < kT * DP / 8; i += kOPThreads) {
+    const int r = i / (DP / 8), c = (i % (DP / 8)) * 8;
+    const bool ok = r < rows && c < d;
+    cp_async16(xs + r * DP + c, ok ? src + r * in.stride_n + c : src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const bool stats = is_v || p.k_mean;
+  int* const ready = p.sync + 1 + groups + grp;
+  if (stats) {
+    // this chunk's statistics: thread (pair cp, stripe st) adds rows st, st + kStripes, ...
+    const int cp = tid % kPairs, st = tid / kPairs;
+    float sm[2] = {0.f, 0.f}, mx[2] = {-INFINITY, -INFINITY}, mn[2] = {INFINITY, INFINITY};
+    const uint32_t* w32 = reinterpret_cast<const uint32_t*>(xs) + cp;
+#pragma unroll 8
+    for (int r = st; r < rows; r += kStripes) {
+      const uint32_t w = w32[r * kPairs];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = half_of<T>(w, e);
+        sm[e] += x, mx[e] = fmaxf(mx[e], x), mn[e] = fminf(mn[e], x);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      part[0][st][2 * cp + e] = sm[e], part[1][st][2 * cp + e] = mx[e], part[2][st][2 * cp + e] = mn[e];
+    __syncthreads();
+    float* gpart = p.partial + static_cast<int64_t>(grp) * chunks * 3 * DP;
+    if (tid < DP) {
+      float a = part[0][0][tid], m = part[1][0][tid], q = part[2][0][tid];
+#pragma unroll
+      for (int i = 1; i < kStripes; ++i) a += part[0][i][tid], m = fmaxf(m, part[1][i][tid]), q = fminf(q, part[2][i][tid]);
+      float* g = gpart + static_cast<int64_t>(chunk) * 3 * DP + tid;
+      g[0] = a, g[DP] = m, g[2 * DP] = q;
+      __threadfence();
+    }
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(p.sync + 1 + grp, 1) == chunks - 1;
+    __syncthreads();
+    if (s_last) {
+      // every chunk's partials are visible: combine them (kParts runs of chunks, then the runs,
+      // all in chunk order) and publish
+      __threadfence();
+      constexpr int kParts = kOPThreads / DP;
+      const int c = tid % DP, run = tid / DP, per = (chunks + kParts - 1) / kParts;
+      float ts = 0.f, tmx = -INFINITY, tmn = INFINITY;
+      const float* g = gpart + static_cast<int64_t>(run) * per * 3 * DP + c;
+      const int end = min(chunks, (run + 1) * per);
+#pragma unroll 8
+      for (int i = run * per; i < end; ++i, g += 3 * DP) {  // loads independent of the sums: 8 in flight
+        ts += __ldcg(g);
+        tmx = fmaxf(tmx, __ldcg(g + DP)), tmn = fminf(tmn, __ldcg(g + 2 * DP));
+      }
+      part[0][run][c] = ts, part[1][run][c] = tmx, part[2][run][c] = tmn;
+      __syncthreads();
+      if (tid < DP) {
+        ts = part[0][0][tid], tmx = part[1][0][tid], tmn = part[2][0][tid];
+#pragma unroll
+        for (int i = 1; i < kParts; ++i)
+          ts += part[0][i][tid], tmx = fmaxf(tmx, part[1][i][tid]), tmn = fminf(tmn, part[2][i][tid]);
+        if (is_v) {
+          s_inv[tid] = v_stats_out(p, bh, tid, ts, tmx, tmn, &s_mean[tid]);
+        } else {
+          const float mean = tid < d ? __fdiv_rn(ts, static_cast<float>(n)) : 0.f;
+          if (tid < d) p.k_mean[bh * d + tid] = mean;
+          s_mean[tid] = mean;
+        }
+        __threadfence();
+      }
+      __syncthreads();
+      if (tid == 0) atomicExch(ready, 1);
+    }
+  }
+
+  // this CTA's share of Q (q_per_warp scale blocks per warp) while the group's other chunks
+  // arrive
+  for (int i = 0; i < q_per_warp; ++i)
+    quant_q_unit<T, DP>(p, (static_cast<int64_t>(ticket) * kOPWarps + warp) * q_per_warp + i);
+
+  if (stats && !s_last) {
+    if (tid == 0) {
+      while (atomicAdd(ready, 0) == 0) __nanosleep(64);
+      __threadfence();
+    }
+    __syncthreads();
+    if (tid < DP) {
+      if (is_v) {
+        s_inv[tid] = __ldcg(p.v_inv + bh * DP + tid);
+        s_mean[tid] = p.v_mean ? __ldcg(p.v_mean + bh * DP + tid) : 0.f;
+      } else {
+        s_mean[tid] = tid < d ? __ldcg(p.k_mean + bh * d + tid) : 0.f;
+      }
+    }
+  }
+  __syncthreads();
+
+  if (!is_v) {
+    // K: the chunk's 64-row scale blocks, each half of the CTA (four warps, own barrier) on
+    // every other one
+    const int half = warp / kWarps;
+    RowJob j;
+    j.x = xs, j.stride_n = DP, j.n = rows, j.d = d, j.vec = true;
+    j.prescale = 1.f;
+    j.mean = p.k_mean ? s_mean : nullptr;
+    j.dot_mean = nullptr, j.rowdot = nullptr;
+    j.out = p.k_out + (bh * p.nk_pad + r0) * DP;
+    const int nblk = p.nk_pad / kAttnBlockK;
+    for (int blk = half; blk < kT / kAttnBlockK && r0 + blk * kAttnBlockK < p.nk_pad; blk += 2) {
+      j.row0 = blk * kAttnBlockK + (warp % kWarps) * kWarpRows;
+      j.scale = p.k_scale + (bh * nblk + r0 / kAttnBlockK + blk) * p.k_groups;
+      if (p.k_groups == 4)
+        quant_rows<T, DP, 4>(j, red + half * kWarps, 1 + half);
+      else
+        quant_rows<T, DP, 1>(j, red + half * kWarps, 1 + half);
+      bar_sync(1 + half, kThreads);  // `red` is reused by the half's next block
+    }
+    return;
+  }
+  // V: 64-token x 32-channel tiles, four per warp
+  constexpr int kTilesC = DP / kVChannels;
+  for (int u = warp; u < (kT / kVTokens) * kTilesC; u += kOPWarps) {
+    const int lt = u / kTilesC, tc = u % kTilesC;
+    if (r0 + lt * kVTokens >= p.nk_pad) break;
+    quant_v_tile<T, DP>(p, xs + lt * kVTokens * DP, DP, true, rows - lt * kVTokens, bh, r0 + lt * kVTokens,
+                        tc * kVChannels, s_inv, p.v_mean ? s_mean : nullptr);
+  }
+}
+
+// The chunks per K/V head of the one-pass path, or 0 where the two-launch path runs.
+template <typename T, int DP>
+int one_pass_chunks(const QuantQKVParams& p) {
+  // SAGEATTN_QKV_PASSES=1 / 2 forces one pass (where possible) / two launches, for tests and
+  // comparisons; by default one pass from kOnePassMinKeys keys on
+  const char* e = std::getenv("SAGEATTN_QKV_PASSES");
+  const int force = e == nullptr ? 0 : std::atoi(e);
+  if (force == 2 || (force != 1 && p.k.n < kOnePassMinKeys)) return 0;
+  if (p.q_rowdot != nullptr || p.k.n <= 0) return 0;
+  for (const Input4D* in : {&p.k, &p.v}) {
+    if (reinterpret_cast<uintptr_t>(in->data) % 16 != 0 || in->stride_b % 8 != 0 || in->stride_h % 8 != 0 ||
+        in->stride_n % 8 != 0 || in->d % 8 != 0)
+      return 0;
+  }
+  // co-residency: the CTAs that fit at once, per device (cached; the kernel does not change)
+  static std::atomic<int> fit[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  int resident = fit[dev].load(std::memory_order_relaxed);
+  if (resident == 0) {
+    int sms = 0, per_sm = 0;
+    if (cudaFuncSetAttribute(qkv_one_pass_kernel<T, DP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kChunkElems * 2) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qkv_one_pass_kernel<T, DP>, kOPThreads,
+                                                      kChunkElems * 2) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    resident = sms * per_sm;
+    fit[dev].store(resident, std::memory_order_relaxed);
+  }
+  const int64_t chunks = (static_cast<int64_t>(p.k.n) + kChunkTokens<DP> - 1) / kChunkTokens<DP>;
+  const int64_t groups = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads;
+  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kOPWarps - 1) / kOPWarps;
+  if (2 * chunks > resident || groups * chunks + q_ctas > 0x7fffffff || p.nk_pad > chunks * kChunkTokens<DP>)
+    return 0;
+  return static_cast<int>(chunks);
+}
+
+template <typename T, int DP>
+cudaError_t launch_one_pass(const QuantQKVParams& p, int chunks, cudaStream_t stream) {
+  // Q's scale blocks: up to kMaxQPerWarp per warp of the K/V CTAs (quantized while their
+  // group's statistics complete), the rest in Q-only CTAs
+  constexpr int64_t kMaxQPerWarp = 8;
+  const int64_t kv_ctas = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads * chunks;
+  const int64_t q_units = static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ);
+  const int64_t per_warp = std::min(kMaxQPerWarp, (q_units + kv_ctas * kOPWarps - 1) / (kv_ctas * kOPWarps));
+  const int64_t left = std::max<int64_t>(0, q_units - kv_ctas * kOPWarps * per_warp);
+  const int64_t q_ctas = (left + kOPWarps - 1) / kOPWarps;
+  qkv_one_pass_kernel<T, DP><<<static_cast<unsigned>(kv_ctas + q_ctas), kOPThreads, kChunkElems * 2, stream>>>(
+      p, chunks, static_cast<int>(kv_ctas), static_cast<int>(per_warp));
+  return cudaGetLastError();
+}
+#endif  // SAGE_SM90
 
 template <typename T, int DP>
 cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
@@ -505,6 +777,14 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
   if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
   if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
+#if defined(SAGE_SM90)
+  if constexpr (DP != 256) {
+    if (p.sync != nullptr && p.partial != nullptr) {
+      const int chunks = one_pass_chunks<T, DP>(p);
+      if (chunks > 0) return launch_one_pass<T, DP>(p, chunks, stream);
+    }
+  }
+#endif
   qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -521,6 +801,22 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
 }
 
 template <typename T>
+QuantQKVScratch scratch_d(const QuantQKVParams& p) {
+  QuantQKVScratch s;
+#if defined(SAGE_SM90)
+  const int chunks = p.d_pad == 64 ? one_pass_chunks<T, 64>(p) : (p.d_pad == 128 ? one_pass_chunks<T, 128>(p) : 0);
+#else
+  const int chunks = 0;
+#endif
+  if (chunks > 0) {
+    const int64_t groups = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads;
+    s.sync_ints = 1 + 2 * groups;
+    s.partial_floats = groups * chunks * 3 * p.d_pad;
+  }
+  return s;
+}
+
+template <typename T>
 cudaError_t launch_d(const QuantQKVParams& p, cudaStream_t stream) {
   switch (p.d_pad) {
     case 64: return launch<T, 64>(p, stream);
@@ -529,9 +825,7 @@ cudaError_t launch_d(const QuantQKVParams& p, cudaStream_t stream) {
   }
 }
 
-}  // namespace
-
-cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
+bool valid(const QuantQKVParams& p) {
   const bool shapes = p.k.batch == p.q.batch && p.v.batch == p.q.batch && p.v.heads == p.k.heads &&
                       p.v.n == p.k.n && p.k.d == p.q.d && p.v.d == p.q.d && p.k.heads > 0 &&
                       p.q.heads % p.k.heads == 0 && p.q.dtype == p.k.dtype && p.v.dtype == p.q.dtype;
@@ -539,7 +833,18 @@ cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
                     p.nk_pad >= p.k.n;
   const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
-  if (!shapes || !pads || !groups || (p.q_rowdot && !p.k_mean)) return cudaErrorInvalidValue;
+  return shapes && pads && groups && (!p.q_rowdot || p.k_mean);
+}
+
+}  // namespace
+
+QuantQKVScratch quant_qkv_scratch(const QuantQKVParams& p) {
+  if (!valid(p) || p.q.batch == 0 || p.q.heads == 0) return {};
+  return p.q.dtype == DType::kHalf ? scratch_d<__half>(p) : scratch_d<__nv_bfloat16>(p);
+}
+
+cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
+  if (!valid(p)) return cudaErrorInvalidValue;
   if (p.q.batch == 0 || p.q.heads == 0) return cudaSuccess;
   return p.q.dtype == DType::kHalf ? launch_d<__half>(p, stream) : launch_d<__nv_bfloat16>(p, stream);
 }

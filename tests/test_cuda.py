@@ -306,16 +306,20 @@ def test_quant_qkv_matches_separate_ops(backend, path, n, d, gran, smooth_k, smo
     _check_quant_qkv(new, old, k_torch, rowdot, v_given, v_stats_exact=not one_pass)
 
 
+ONE_PASS_CASES = [  # (nq, nk, d, forced): the default path takes one pass at 4096..16384 keys (d 128)
+    (5000, 5000, 128, False), (16384, 16384, 128, False), (32768 - 5, 32768 - 5, 64, False),
+    (40000, 40000, 64, True), (4096, 100, 128, True)]
+
+
 @pytest.mark.parametrize("smooth_k,smooth_v", [(True, True), (False, False)])
-@pytest.mark.parametrize("nq,nk,d", [(5000, 5000, 128), (16384 + 33, 16384 + 33, 128), (40000, 40000, 64),
-                                     (4096, 100, 128)])
-def test_quant_qkv_one_pass_many_chunks(nq, nk, d, smooth_k, smooth_v, monkeypatch):
+@pytest.mark.parametrize("nq,nk,d,forced", ONE_PASS_CASES)
+def test_quant_qkv_one_pass_many_chunks(nq, nk, d, forced, smooth_k, smooth_v, monkeypatch):
     """K and V heads of 20 to 79 chunks: the statistics combined across CTAs, every chunk
     quantized with its head's values; and 4096 queries for 100 keys, where most of Q goes to
-    Q-only CTAs. Against the separate ops and the two-launch path. The long cases run on the
-    default path (one pass from 4096 keys), the short one forced."""
+    Q-only CTAs. Against the separate ops and the two-launch path. The cases within the
+    default path's range run on it (64 chunks: its upper end), the others forced."""
     _need(SM90)
-    if nk < 4096:
+    if forced:
         monkeypatch.setenv("SAGEATTN_QKV_PASSES", "1")
     q, k, v = make_qkv(1, 2, 1, nq, nk, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=nk)
     v = v + 0.5

@@ -75,8 +75,8 @@ struct QuantQKVParams {
   int* sync;                   // zeroed before the launch: ticket, per-group arrivals and flags
   float* partial;              // per-chunk statistics (no initial value needed)
 };
-// The one-pass path (sm_90 module, from 4096 keys, head dims padded to 64 or 128, 16-byte
-// aligned K and V rows, no q . K mean): every K/V chunk stays in shared memory while its
+// The one-pass path (sm_90 module, 4096 to 16k keys at head dim 128, 4096 to 32k at 64,
+// 16-byte aligned K and V rows, no q . K mean): every K/V chunk stays in shared memory while its
 // head's statistics are combined across CTAs, so K and V are read from memory once. Its
 // scratch sizes, in elements; both zero when the two-launch path is taken.
 // SAGEATTN_QKV_PASSES=1 or 2 forces one pass (where possible) or two launches.

@@ -546,7 +546,10 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
 
 constexpr int kOPThreads = 256, kOPWarps = kOPThreads / 32;  // two 4-warp halves
 constexpr int kChunkElems = 32768;  // 64 KiB of 16-bit inputs per CTA: three CTAs per SM
-constexpr int kOnePassMinKeys = 4096;  // below, the two launches were faster (1k: 93 against 102 µs)
+// By default one pass from 4096 keys up to 64 chunks (16k keys at head dim 128, 32k at 64):
+// below, the two launches were as fast (2k) or faster (1k: 95 against 100 µs); above, the
+// group's wait grows with its chunks (32k at 128: 2644 against 2602 µs).
+constexpr int kOnePassMinKeys = 4096, kOnePassMaxChunks = 64;
 template <int DP>
 constexpr int kChunkTokens = kChunkElems / DP;  // 512 (DP 64) or 256 (DP 128)
 
@@ -717,10 +720,11 @@ __global__ void __launch_bounds__(kOPThreads, 3) qkv_one_pass_kernel(const Quant
 template <typename T, int DP>
 int one_pass_chunks(const QuantQKVParams& p) {
   // SAGEATTN_QKV_PASSES=1 / 2 forces one pass (where possible) / two launches, for tests and
-  // comparisons; by default one pass from kOnePassMinKeys keys on
+  // comparisons; by default one pass from kOnePassMinKeys keys up to kOnePassMaxChunks chunks
   const char* e = std::getenv("SAGEATTN_QKV_PASSES");
   const int force = e == nullptr ? 0 : std::atoi(e);
-  if (force == 2 || (force != 1 && p.k.n < kOnePassMinKeys)) return 0;
+  const int64_t chunks = (static_cast<int64_t>(p.k.n) + kChunkTokens<DP> - 1) / kChunkTokens<DP>;
+  if (force == 2 || (force != 1 && (p.k.n < kOnePassMinKeys || chunks > kOnePassMaxChunks))) return 0;
   if (p.q_rowdot != nullptr || p.k.n <= 0) return 0;
   for (const Input4D* in : {&p.k, &p.v}) {
     if (reinterpret_cast<uintptr_t>(in->data) % 16 != 0 || in->stride_b % 8 != 0 || in->stride_h % 8 != 0 ||
@@ -745,7 +749,6 @@ int one_pass_chunks(const QuantQKVParams& p) {
     resident = sms * per_sm;
     fit[dev].store(resident, std::memory_order_relaxed);
   }
-  const int64_t chunks = (static_cast<int64_t>(p.k.n) + kChunkTokens<DP> - 1) / kChunkTokens<DP>;
   const int64_t groups = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads;
   const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kOPWarps - 1) / kOPWarps;
   if (2 * chunks > resident || groups * chunks + q_ctas > 0x7fffffff || p.nk_pad > chunks * kChunkTokens<DP>)

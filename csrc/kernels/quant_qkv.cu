@@ -534,15 +534,16 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
 // ============================== 3. one pass ==============================
 //
 // One grid, no separate statistics launch: each CTA takes a ticket. The first tickets are
-// chunks of kChunkTokens keys of one K or V head ("group"), loaded into shared memory once (a
-// share of Q's blocks is quantized while the chunk is in flight); the CTA adds its chunk's
-// per-channel sum (and, for V, max and min) to the group's partials, the group's last chunk to
-// arrive combines them in chunk order (the same result in every CTA) and raises the group's
-// flag, and every chunk then quantizes from shared memory. The tickets after them are the Q
-// blocks left over, which wait for nothing. A chunk waits only for chunks of its own group,
-// all of which hold tickets by then (tickets are taken in order), so the grid cannot deadlock
-// while a group's chunks fit on the GPU at once: the host only takes this path when twice the
-// chunks of a group fit (one_pass_chunks).
+// chunks of kChunkTokens keys of one K or V head (a "group"), loaded into shared memory once.
+// A CTA publishes its chunk's per-channel partials (sum; for V also max and min); the group's
+// last chunk to arrive combines them in chunk order (so the result does not depend on which
+// CTA that is) and raises the group's flag. The others meanwhile quantize their share of Q's
+// blocks, then wait for the flag; every chunk then quantizes from shared memory. The tickets
+// after the chunks are Q blocks left over, which wait for nothing.
+// Deadlock freedom: tickets are taken in order, so of the groups a grid has started only the
+// newest can still be missing chunks, and fewer than `chunks` CTAs wait on it. The host takes
+// this path only when twice `chunks` CTAs fit on the GPU at once (one_pass_chunks), so a slot
+// always frees up for the missing ones, even beside a second such grid on another stream.
 
 constexpr int kOPThreads = 256, kOPWarps = kOPThreads / 32;  // two 4-warp halves
 constexpr int kChunkElems = 32768;  // 64 KiB of 16-bit inputs per CTA: three CTAs per SM

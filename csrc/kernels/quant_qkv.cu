@@ -406,6 +406,27 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4], int
   }
 }
 
+// quant_rows with the scale-group count known at run time: G (Q: 8, K: 4) or 1.
+template <typename T, int DP, int G>
+__device__ __forceinline__ void quant_rows_g(const RowJob& j, int groups, float (*red)[4], int bar = 0) {
+  if (groups == G)
+    quant_rows<T, DP, G>(j, red, bar);
+  else
+    quant_rows<T, DP, 1>(j, red, bar);
+}
+
+// The fields of a K job of kv head bh that both K paths share: no prescale, no q . mean, the
+// head's output rows; the caller sets the rows' source, row0 and scale.
+template <int DP>
+__device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, const float* mean) {
+  RowJob j;
+  j.prescale = 1.f;
+  j.mean = mean;
+  j.dot_mean = nullptr, j.rowdot = nullptr;
+  j.out = p.k_out + bh * p.nk_pad * DP;
+  return j;
+}
+
 // One warp's V tile: 64 tokens x 32 channels of kv head bh, from token n0t and channel c0t,
 // written as e4m3 [channel][token] with the tokens of each 16-token group in the MMA's order
 // 0,1,8,9,2,3,10,11,...,6,7,14,15 (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels
@@ -485,10 +506,7 @@ __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t un
   j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
   j.out = p.q_out + bh * p.nq_pad * DP;
   j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
-  if (p.q_groups == 8)
-    quant_rows<T, DP, 8>(j, nullptr);
-  else
-    quant_rows<T, DP, 1>(j, nullptr);
+  quant_rows_g<T, DP, 8>(j, p.q_groups, nullptr);
 }
 
 // Blocks [0, k_ctas): K; [k_ctas, k_ctas + v_ctas): V; the rest: Q.
@@ -506,17 +524,12 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
     const int64_t bh = blk % bhs;
     const int rb = nblk - 1 - static_cast<int>(blk / bhs);
     const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
-    RowJob j = rows_of<T>(p.k, b, h);
+    const RowJob src = rows_of<T>(p.k, b, h);
+    RowJob j = k_job<DP>(p, bh, p.k_mean ? p.k_mean + bh * p.k.d : nullptr);
+    j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
     j.row0 = rb * kAttnBlockK + warp * kWarpRows;
-    j.prescale = 1.f;
-    j.mean = p.k_mean ? p.k_mean + bh * p.k.d : nullptr;
-    j.dot_mean = nullptr, j.rowdot = nullptr;
-    j.out = p.k_out + bh * p.nk_pad * DP;
     j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
-    if (p.k_groups == 4)
-      quant_rows<T, DP, 4>(j, red);
-    else
-      quant_rows<T, DP, 1>(j, red);
+    quant_rows_g<T, DP, 4>(j, p.k_groups, red);
     return;
   }
   blk -= k_ctas;
@@ -689,20 +702,14 @@ __global__ void __launch_bounds__(kOPThreads, 3) qkv_one_pass_kernel(const Quant
     // K: the chunk's 64-row scale blocks, each half of the CTA (four warps, own barrier) on
     // every other one
     const int half = warp / kWarps;
-    RowJob j;
-    j.x = xs, j.stride_n = DP, j.n = rows, j.d = d, j.vec = true;
-    j.prescale = 1.f;
-    j.mean = p.k_mean ? s_mean : nullptr;
-    j.dot_mean = nullptr, j.rowdot = nullptr;
-    j.out = p.k_out + (bh * p.nk_pad + r0) * DP;
+    RowJob j = k_job<DP>(p, bh, p.k_mean ? s_mean : nullptr);
+    j.x = xs, j.stride_n = DP, j.n = rows, j.d = d, j.vec = true;  // rows of the chunk
+    j.out = p.k_out + (bh * p.nk_pad + r0) * DP;  // from the chunk's first row
     const int nblk = p.nk_pad / kAttnBlockK;
     for (int blk = half; blk < kT / kAttnBlockK && r0 + blk * kAttnBlockK < p.nk_pad; blk += 2) {
       j.row0 = blk * kAttnBlockK + (warp % kWarps) * kWarpRows;
       j.scale = p.k_scale + (bh * nblk + r0 / kAttnBlockK + blk) * p.k_groups;
-      if (p.k_groups == 4)
-        quant_rows<T, DP, 4>(j, red + half * kWarps, 1 + half);
-      else
-        quant_rows<T, DP, 1>(j, red + half * kWarps, 1 + half);
+      quant_rows_g<T, DP, 4>(j, p.k_groups, red + half * kWarps, 1 + half);
       bar_sync(1 + half, kThreads);  // `red` is reused by the half's next block
     }
     return;

@@ -96,6 +96,7 @@ def stages(q, k, v):
         "quant_k": lambda: op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp),
         "quant_v": lambda: op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp),
         # the four rows above in one op (what _cuda.forward calls): one pass from 4096 keys
+        # up to 64 chunks per head (quant_qkv.cu), else its two launches
         "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp),
         # the same op forced onto its two launches (statistics, then quantization)
         "quant_qkv two-pass": two_pass(lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX,

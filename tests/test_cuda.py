@@ -67,6 +67,30 @@ def test_sm90_output_paths(d, layout):
     assert_lse_close_to_reference(lse, rl)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
+    """The Hopper kernel's work tiles walked at a fixed stride (causal: one CTA per tile) and
+    taken from a counter (SAGEATTN_SM90_SCHED=0 / 1), with far more tiles than SMs (3 x 40
+    heads of 1500 queries: 360 to 480 tiles), GQA and Nq != Nk. Each tile computes its rows from
+    the same inputs either way, so outputs and LSE must be the same bits; one tile lost, done
+    twice or given to the wrong CTA's buffers shows, and the counter's run is also checked
+    against the reference."""
+    fn, ext = _need(SM90)
+    q, k, v = make_qkv(3, 40, 8, 1500, 1300, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=d + causal)
+    runs = {}
+    for sched in ("0", "1"):
+        monkeypatch.setenv("SAGEATTN_SM90_SCHED", sched)
+        runs[sched] = fn(q, k, v, is_causal=causal, return_lse=True)
+    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between the schedules"
+    assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between the schedules"
+    opts = cuda_defaults(SM90)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d)
+    ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
+    assert_close_to_reference(runs["1"][0], ro, torch.bfloat16, f"sm90 d={d} counter schedule", fp8=True)
+    assert_lse_close_to_reference(runs["1"][1], rl)
+
+
 @pytest.mark.parametrize("backend", ALL)
 def test_inputs_are_not_modified(backend):
     fn, _ = _need(backend)
@@ -123,10 +147,11 @@ def test_cuda_graph_replay_matches_eager(backend, lse, monkeypatch):
     same bits as eager calls on those inputs. On the Hopper path the launches overlap their
     predecessors (programmatic dependent launch), inside the graph too. Without the LSE the
     Hopper path is forced onto quant_qkv's one pass (zeroed counters and cross-CTA statistics
-    inside the graph)."""
+    inside the graph) and the attention kernel onto its tile counter (zeroed in the graph)."""
     fn, _ = _need(backend)
     if not lse:
         monkeypatch.setenv("SAGEATTN_QKV_PASSES", "1")
+        monkeypatch.setenv("SAGEATTN_SM90_SCHED", "1")
     first = make_qkv(2, 4, 2, 700, 700, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=1)
     q, k, v = (t.clone() for t in first)
     call = lambda *a: fn(*a, is_causal=True, return_lse=True) if lse else (fn(*a, is_causal=True), None)  # noqa: E731

@@ -224,7 +224,15 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   cudaError_t err = cudaErrorInvalidValue;
   auto stream = c10::cuda::getCurrentCUDAStream();
 #if defined(SAGE_SM90)
-  if (fp8) err = sage::attn_sm90(p, static_cast<int>(Dp), stream);
+  Tensor tile_counter;  // the dynamic work-tile schedule's counter, where the kernel takes one
+  if (fp8) {
+    const int ints = sage::attn_sm90_scratch_ints(p, static_cast<int>(Dp));
+    if (ints > 0) {
+      tile_counter = at::zeros({ints}, q8.options().dtype(at::kInt));
+      p.tile_counter = tile_counter.data_ptr<int>();
+    }
+    err = sage::attn_sm90(p, static_cast<int>(Dp), stream);
+  }
 #elif defined(SAGE_FP8)
   if (fp8) err = sage::attn_fp8_pv(p, static_cast<int>(Dp), stream);
 #endif

@@ -1,7 +1,8 @@
 // Hopper (sm_90a) attention: INT8 QK^T and FP8 e4m3 PV on wgmma, tiles brought in by TMA.
 //
-// Persistent: one CTA per SM walks work tiles of 64 x NC query rows (sm90_tile); causal calls
-// launch one CTA per tile instead (see attn_sm90_d). A CTA has NC + 1 warpgroups (NC = 3 at
+// Persistent: one CTA per SM walks work tiles of 64 x NC query rows (sm90_tile), at a fixed
+// stride, or (causal: tiles of different lengths) taking the next unclaimed tile from a counter
+// (see attn_sm90_scratch_ints). A CTA has NC + 1 warpgroups (NC = 3 at
 // D=64 and at D=128 on long sequences, else 2):
 //   - warpgroup 0, the producer: one thread issues the TMA loads (Q of each work tile into
 //     one of two buffers, then K and V^T tiles of 128 keys into a kStages-deep ring of
@@ -85,7 +86,10 @@ struct Sm90Shape {
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr int kOffBar = kOffO + kNC * kOBytes;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
-  static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
+  // the work tile of each Q buffer, written by the producer before it arrives on that buffer's
+  // full_q barrier (a value >= the tile count: no more work)
+  static constexpr int kOffTile = kOffBar + 8 * kBars;
+  static constexpr int kSmem = kOffTile + 4 * kQBufs + 1024;  // + slack to align the base to 1024
 };
 
 // 2^x on the FMA pipe, for a share of the softmax's exponentials: the MUFU unit does 16 per
@@ -137,8 +141,8 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
   return t;
 }
 
-// gridDim.x CTAs take work tiles w = blockIdx.x + i * gridDim.x: one per SM walking many
-// (persistent), or one CTA per tile.
+// gridDim.x CTAs (one per SM, or one per tile) take work tiles w: blockIdx.x first, then
+// blockIdx.x + i * gridDim.x or, with p.tile_counter, gridDim.x + the counter's next value.
 template <int D, int NCONS, typename OutT>
 __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   using S = Sm90Shape<D, NCONS>;
@@ -157,6 +161,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   uint64_t* full_k = bars + 2 * S::kQBufs;    // [ST]
   uint64_t* full_v = full_k + ST;             // [ST]
   uint64_t* empty = full_v + ST;              // [ST]
+  volatile int* tile_of = reinterpret_cast<volatile int*>(smem + S::kOffTile);  // [kQBufs]
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int hpk = p.heads_q / p.heads_kv;
@@ -191,13 +196,21 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       tma_prefetch_desc(&a.tk);
       tma_prefetch_desc(&a.tv);
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
-      int it = 0;
-      for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
+      // The CTA's work tiles: blockIdx.x first, then every gridDim.x-th, or (tile_counter) the
+      // next unclaimed one, claimed when this tile's loads are all issued (a few key tiles
+      // before the consumers finish it), so CTAs that finish early take more. Each tile's
+      // index is published with its Q buffer; the end, as an index >= tiles.
+      for (int w = blockIdx.x, it = 0;; ++it) {
+        const int qb = it % S::kQBufs;
+        if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
+        tile_of[qb] = w;  // released to the consumers by the arrival below
+        if (w >= tiles) {
+          mbar_arrive(&full_q[qb]);
+          break;
+        }
         const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
         const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
-        const int qb = it % S::kQBufs;
-        if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
         mbar_expect_tx(&full_q[qb], S::kQBytes);
         tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
         for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
@@ -208,6 +221,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
           mbar_expect_tx(&full_v[st], S::kVBytes);
           tma_load_2d(smem + S::kOffV + st * S::kVStride, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
         }
+        w = p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
       }
     }
   } else {
@@ -238,8 +252,21 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
     if (cw == NC - 1) named_bar_arrive<256>(1);
 
     int c = 0;  // K/V tiles consumed so far (the producer's counter)
-    int it = 0;
-    for (int w = blockIdx.x; w < tiles; w += gridDim.x, ++it) {
+    for (int it = 0;; ++it) {
+      const int qb = it % S::kQBufs;
+      mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
+      // (broadcast from lane 0: ptxas then treats the value as uniform; a branch on a plain
+      // shared-memory load ahead of the wgmmas makes it serialize them all, C7520)
+      const int w = __shfl_sync(0xffffffffu, tile_of[qb], 0);
+      if (w >= tiles) break;
+      // Whether this is the CTA's last work tile (asked by the last consumer only, at its last
+      // hand-over): the next tile's index, published with its Q buffer before this tile's last
+      // K/V loads go out.
+      auto last_tile = [&]() {
+        const int nqb = (it + 1) % S::kQBufs;
+        mbar_wait(&full_q[nqb], ((it + 1) / S::kQBufs) & 1);
+        return __shfl_sync(0xffffffffu, tile_of[nqb], 0) >= tiles;
+      };
       const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
       const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
@@ -250,9 +277,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       const int qwb = NC == 2 ? row_w / kAttnWarpQ : min(row_w / kAttnWarpQ, nwb - 1);
       const float qsc = p.q_scale[(bh * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0)];
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
-      const int qb = it % S::kQBufs;
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
-      const bool last_work = w + static_cast<int>(gridDim.x) >= tiles;
 
       float o[D / 2];
       float blk[D / 2 + 4];  // (unused with kSplitPV) PV of one tile and the row sums of its P (written by the tensor cores)
@@ -318,7 +343,6 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       // latency is not on the path from S to the softmax
       float kn0 = ksp[0], kn1 = ksp[k_groups];
       const float* ksn = ksp + 2 * k_groups;  // the scales of the next key tile
-      mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
       mbar_wait(&full_k[st], ph);
       // Unrolled by two: ptxas schedules two tiles' softmax and turns together better (measured
       // +2-5 % from 4k keys up, equal at 1k; bench/NOTES.md)
@@ -438,7 +462,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       wgmma_fence();
       if constexpr (S::kSplitPV) split_pv();
       else issue_pv(blk, 0);
-      if (cw != NC - 1 || !last_work) named_bar_arrive<256>(other_turn);
+      if (cw != NC - 1 || !last_tile()) named_bar_arrive<256>(other_turn);
       // The V scales of this thread's output columns, loaded while that PV runs (split: after
       // it), all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
@@ -512,10 +536,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   }
 }
 
-// Host side (attn_sm90_host.cu): the tensor maps of one call, and the persistent grid size
-// (the SMs of the current device, at most `tiles`; 0 on error).
+// Host side (attn_sm90_host.cu): the tensor maps of one call, the persistent grid size
+// (the SMs of the current device, at most `tiles`; 0 on error) and the consumer count.
 cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, Sm90Args& a);
 int sm90_grid(int64_t tiles);
+int sm90_consumers(const AttnParams& p, int head_dim);
 
 template <int D, int NC>
 cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
@@ -529,10 +554,11 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int64_t tiles = static_cast<int64_t>((p.nq_pad + S::kBQ - 1) / S::kBQ) * p.heads_q * p.batch;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
-  // Causal tiles differ in length (1 to nk/128 key tiles): a static split over the SMs
-  // leaves some SMs with far more work (measured: 531 against 559 TOPS at 16k), so every
-  // causal tile gets its own CTA and the hardware balances them as CTAs finish.
-  const int grid = p.causal ? static_cast<int>(tiles) : sm90_grid(tiles);
+  // Causal tiles differ in length (1 to nk/128 key tiles): a fixed stride over the SMs leaves
+  // some SMs with far more work (measured: 531 against 559 TOPS at 16k). With a tile counter
+  // the persistent CTAs balance them; without one every causal tile gets its own CTA and the
+  // hardware balances them as CTAs finish.
+  const int grid = p.causal && !p.tile_counter ? static_cast<int>(tiles) : sm90_grid(tiles);
   if (grid <= 0) return cudaErrorInvalidDevice;
   return launch_pdl(kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, static_cast<int>(tiles));
 }
@@ -542,13 +568,7 @@ cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     return attn_sm90_launch<D, 3>(p, stream);
   } else {
-    // SAGEATTN_SM90_NC3_KEYS moves both switch-overs, for tests (1: always three consumers)
-    static const int env_keys = [] {
-      const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
-      return e && *e ? std::atoi(e) : 0;
-    }();
-    const int nc3_keys = env_keys > 0 ? env_keys : (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL : SAGE_SM90_NC3_KEYS);
-    return p.nk >= nc3_keys ? attn_sm90_launch<D, 3>(p, stream) : attn_sm90_launch<D, 2>(p, stream);
+    return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3>(p, stream) : attn_sm90_launch<D, 2>(p, stream);
   }
 }
 

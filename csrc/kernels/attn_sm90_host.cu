@@ -86,6 +86,28 @@ int sm90_grid(int64_t tiles) {
   return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(kThreads, 1))
 }
 
+int sm90_consumers(const AttnParams& p, int head_dim) {
+  if (head_dim == 64) return 3;
+  // SAGEATTN_SM90_NC3_KEYS moves both switch-overs of D=128, for tests (1: always three)
+  static const int env_keys = [] {
+    const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  const int nc3_keys = env_keys > 0 ? env_keys : (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL : SAGE_SM90_NC3_KEYS);
+  return p.nk >= nc3_keys ? 3 : 2;
+}
+
+int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
+  if (head_dim != 64 && head_dim != 128) return 0;
+  const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process
+  const int forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
+  if (forced >= 0) return forced;
+  if (!p.causal) return 0;  // equal tiles: a fixed stride
+  const int bq = 64 * sm90_consumers(p, head_dim);
+  const int64_t tiles = static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
+  return tiles > sm90_grid(tiles) ? 1 : 0;  // (one tile per CTA: nothing to balance)
+}
+
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
       p.nq_pad % 128 != 0)

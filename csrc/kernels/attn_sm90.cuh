@@ -86,10 +86,7 @@ struct Sm90Shape {
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr int kOffBar = kOffO + kNC * kOBytes;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
-  // the work tile of each Q buffer, written by the producer before it arrives on that buffer's
-  // full_q barrier (a value >= the tile count: no more work)
-  static constexpr int kOffTile = kOffBar + 8 * kBars;
-  static constexpr int kSmem = kOffTile + 4 * kQBufs + 1024;  // + slack to align the base to 1024
+  static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
 
 // 2^x on the FMA pipe, for a share of the softmax's exponentials: the MUFU unit does 16 per
@@ -161,7 +158,15 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   uint64_t* full_k = bars + 2 * S::kQBufs;    // [ST]
   uint64_t* full_v = full_k + ST;             // [ST]
   uint64_t* empty = full_v + ST;              // [ST]
-  volatile int* tile_of = reinterpret_cast<volatile int*>(smem + S::kOffTile);  // [kQBufs]
+  // With the tile counter, the index of the work tile in each Q buffer goes from the producer to
+  // the consumers through p.tile_counter[1 + 2 * blockIdx.x + buffer], written before the
+  // producer's arrival on that buffer's full_q barrier and read after the consumers' wait on it
+  // (an index >= tiles: no more work). (Global memory: the sanitizer's race checker, which
+  // does not model mbarriers, watches shared memory only.) Without it, the fixed stride.
+  volatile int* const chan = p.tile_counter ? p.tile_counter + 1 + 2 * blockIdx.x : nullptr;
+  auto tile_at = [&](int it) {
+    return chan ? chan[it % S::kQBufs] : static_cast<int>(blockIdx.x) + it * static_cast<int>(gridDim.x);
+  };
 
   const int tid = threadIdx.x, wg = tid / 128;
   const int hpk = p.heads_q / p.heads_kv;
@@ -198,12 +203,12 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
       // The CTA's work tiles: blockIdx.x first, then every gridDim.x-th, or (tile_counter) the
       // next unclaimed one, claimed when this tile's loads are all issued (a few key tiles
-      // before the consumers finish it), so CTAs that finish early take more. Each tile's
-      // index is published with its Q buffer; the end, as an index >= tiles.
+      // before the consumers finish it), so CTAs that finish early take more. The end is
+      // signalled on the next Q buffer's barrier too.
       for (int w = blockIdx.x, it = 0;; ++it) {
         const int qb = it % S::kQBufs;
         if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
-        tile_of[qb] = w;  // released to the consumers by the arrival below
+        if (chan) chan[qb] = w;  // released to the consumers by the arrival below
         if (w >= tiles) {
           mbar_arrive(&full_q[qb]);
           break;
@@ -256,16 +261,15 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       const int qb = it % S::kQBufs;
       mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
       // (broadcast from lane 0: ptxas then treats the value as uniform; a branch on a plain
-      // shared-memory load ahead of the wgmmas makes it serialize them all, C7520)
-      const int w = __shfl_sync(0xffffffffu, tile_of[qb], 0);
+      // load ahead of the wgmmas makes it serialize them all, C7520)
+      const int w = __shfl_sync(0xffffffffu, tile_at(it), 0);
       if (w >= tiles) break;
       // Whether this is the CTA's last work tile (asked by the last consumer only, at its last
-      // hand-over): the next tile's index, published with its Q buffer before this tile's last
-      // K/V loads go out.
+      // hand-over): the next tile's index, published with its Q buffer after this tile's last
+      // K/V loads went out.
       auto last_tile = [&]() {
-        const int nqb = (it + 1) % S::kQBufs;
-        mbar_wait(&full_q[nqb], ((it + 1) / S::kQBufs) & 1);
-        return __shfl_sync(0xffffffffu, tile_of[nqb], 0) >= tiles;
+        if (chan) mbar_wait(&full_q[(it + 1) % S::kQBufs], ((it + 1) / S::kQBufs) & 1);
+        return __shfl_sync(0xffffffffu, tile_at(it + 1), 0) >= tiles;
       };
       const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
       const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;

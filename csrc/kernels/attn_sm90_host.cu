@@ -101,11 +101,13 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   if (head_dim != 64 && head_dim != 128) return 0;
   const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process
   const int forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
-  if (forced >= 0) return forced;
-  if (!p.causal) return 0;  // equal tiles: a fixed stride
   const int bq = 64 * sm90_consumers(p, head_dim);
   const int64_t tiles = static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
-  return tiles > sm90_grid(tiles) ? 1 : 0;  // (one tile per CTA: nothing to balance)
+  const int grid = sm90_grid(tiles);
+  // causal tiles differ in length; equal tiles take a fixed stride, and one tile per CTA
+  // needs no balancing
+  const bool counter = forced >= 0 ? forced == 1 : p.causal && tiles > grid;
+  return counter && grid > 0 ? 1 + 2 * grid : 0;  // the counter, then two tile indices per CTA
 }
 
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {

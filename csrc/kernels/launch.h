@@ -117,8 +117,8 @@ struct AttnParams {
   int batch, heads_q, heads_kv, nq, nk, nq_pad, nk_pad;
   int causal;
   PVAccum accum;
-  int* tile_counter;           // sm90: zeroed ints the dynamic work-tile schedule counts with
-                               // (attn_sm90_scratch_ints says how many), or null
+  int* tile_counter;           // sm90: zeroed ints for the dynamic work-tile schedule (the
+                               // counter, then each CTA's tile indices), or null; see below
 };
 
 // Query rows per CTA, per warp (the per-warp/per-thread Q scale layout depends on it) and keys per block.
@@ -139,9 +139,9 @@ cudaError_t attn_fp8_pv(const AttnParams& p, int head_dim, cudaStream_t stream);
 // accum kFp32Fp32 only, head_dim 64 or 128.
 constexpr int kSm90BlockK = 128;
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream);
-// Zeroed ints attn_sm90 wants in p.tile_counter for this call: 1 where the persistent CTAs
-// take work tiles from a counter (causal calls with more tiles than SMs), else 0 (a fixed
-// tile stride; causal calls without a counter launch one CTA per tile).
+// Zeroed ints attn_sm90 wants in p.tile_counter for this call: 1 + 2 x its grid where the
+// persistent CTAs take work tiles from a counter (causal calls with more tiles than SMs), else
+// 0 (a fixed tile stride; causal calls without a counter launch one CTA per tile).
 // SAGEATTN_SM90_SCHED=0 or 1 forces the 0 or the counter (any call: for tests and A/B runs).
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim);
 #endif

@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
     // and waiting for both (+2-3 % at D=128; at D=64 it is what makes three consumers pay):
     // the fold runs under QK^T instead of after it, and P's registers are free again before
     // S is written, so P, S, O_blk and O are never all live (at D=64 three consumers' 160
-    // registers then spill 12 bytes, not 316; D=128 no longer spills at all).
+    // registers then spill 12 bytes, not 316; D=128 with two consumers no longer spills at all).
     // (Issuing QK^T of tile kb+1 before the softmax of tile kb would need S, PV and O live at
     // once: more than the 240 registers a consumer thread has.)
     const int my_turn = 1 + cw, other_turn = NC == 2 ? 2 - cw : (cw + 1 == NC ? 1 : cw + 2);
@@ -546,6 +546,11 @@ cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, Sm90Ar
 int sm90_grid(int64_t tiles);
 int sm90_consumers(const AttnParams& p, int head_dim);
 
+// Work tiles of one call with BQ-row tiles (the last of each head may be partly filled).
+inline int64_t sm90_tiles(const AttnParams& p, int bq) {
+  return static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
+}
+
 template <int D, int NC>
 cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   using S = Sm90Shape<D, NC>;
@@ -556,7 +561,7 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16> : attn_sm90_kernel<D, NC, __half>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
-  const int64_t tiles = static_cast<int64_t>((p.nq_pad + S::kBQ - 1) / S::kBQ) * p.heads_q * p.batch;
+  const int64_t tiles = sm90_tiles(p, S::kBQ);
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   // Causal tiles differ in length (1 to nk/128 key tiles): a fixed stride over the SMs leaves
   // some SMs with far more work (measured: 531 against 559 TOPS at 16k). With a tile counter

@@ -101,9 +101,8 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   if (head_dim != 64 && head_dim != 128) return 0;
   const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process
   const int forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
-  const int bq = 64 * sm90_consumers(p, head_dim);
-  const int64_t tiles = static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
-  const int grid = sm90_grid(tiles);
+  const int64_t tiles = sm90_tiles(p, 64 * sm90_consumers(p, head_dim));
+  const int grid = sm90_grid(tiles);  // the launch's grid: one channel pair per CTA
   // causal tiles differ in length; equal tiles take a fixed stride, and one tile per CTA
   // needs no balancing
   const bool counter = forced >= 0 ? forced == 1 : p.causal && tiles > grid;

@@ -142,7 +142,7 @@ cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream);
 // Zeroed ints attn_sm90 wants in p.tile_counter for this call: 1 + 2 x its grid where the
 // persistent CTAs take work tiles from a counter (causal calls with more tiles than SMs), else
 // 0 (a fixed tile stride; causal calls without a counter launch one CTA per tile).
-// SAGEATTN_SM90_SCHED=0 or 1 forces the 0 or the counter (any call: for tests and A/B runs).
+// SAGEATTN_SM90_SCHED=0 or 1 forces the fixed stride or the counter on every call (tests, A/B runs).
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim);
 #endif
 

@@ -8,8 +8,6 @@ fake implementations are registered here, so
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ._ops import ops, register_family, require
@@ -79,13 +77,13 @@ def _register_fakes(ns: str) -> None:
     if hasattr(getattr(torch.ops, ns), "quant_qkv"):
 
         def quant_qkv(q, k, v, q_prescale, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
-                      nq_pad, nk_pad, d_pad, quant_q=True):
+                      nq_pad, nk_pad, d_pad):
             b, hq, nq, d = q.shape
             hk = k.shape[1]
             f32 = torch.float32
             return (
-                q.new_empty((b, hq, nq_pad, d_pad) if quant_q else (0, 0, 0, 0), dtype=torch.int8),
-                q.new_empty((b, hq, nq_pad // WARP_Q * q_groups) if quant_q else (0, 0, 0), dtype=f32),
+                q.new_empty((b, hq, nq_pad, d_pad), dtype=torch.int8),
+                q.new_empty((b, hq, nq_pad // WARP_Q * q_groups), dtype=f32),
                 q.new_empty((b, hq, nq) if rowdot else (0, 0, 0), dtype=f32),
                 q.new_empty((b, hk, nk_pad, d_pad), dtype=torch.int8),
                 q.new_empty((b, hk, nk_pad // BLOCK_K * k_groups), dtype=f32),
@@ -107,29 +105,9 @@ def _register_fakes(ns: str) -> None:
 
     torch.library.register_fake(f"{ns}::attn", attn)
 
-    if hasattr(getattr(torch.ops, ns), "attn_q16"):
-
-        def attn_q16(q, k8, v8, k_scale, v_scale, q_prescale, q_groups, k_groups, nk, causal, nhd, return_lse):
-            b, hq, nq, d = q.shape
-            o = q.new_empty((b, nq, hq, d) if nhd else (b, hq, nq, d))
-            lse = q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
-            return o, lse
-
-        torch.library.register_fake(f"{ns}::attn_q16", attn_q16)
-
 
 for _module, _ns in FAMILIES.items():
     register_family(_module, _ns, _register_fakes)
-
-
-def q_in_kernel(qh, rowdot: bool) -> bool:
-    """Whether the Hopper kernel quantizes Q itself (``attn_q16``) for this [B, H, N, D] view:
-    D 64 or 128, rows it can read in 16-byte pieces, no q . K-mean row term (LSE with
-    smooth_k). SAGEATTN_SM90_Q_IN_KERNEL=0 turns it off (comparisons; read on every call)."""
-    if os.environ.get("SAGEATTN_SM90_Q_IN_KERNEL", "1") == "0" or rowdot:
-        return False
-    return (qh.shape[3] in (64, 128) and qh.stride(3) == 1
-            and all(s % 8 == 0 for s in (qh.stride(0), qh.stride(1), qh.stride(2), qh.storage_offset())))
 
 
 def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,
@@ -148,15 +126,6 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
     q_groups, k_groups = (8, 4) if per_thread else (1, 1)
 
     v_scale = v_mean = None
-    if module == SM90 and q_in_kernel(qh, return_lse and smooth_k):
-        # Q quantized inside the Hopper kernel (same arithmetic as quant_qkv's): one pass less
-        vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
-        _, _, _, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
-            qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, False, vmax, nq_pad, nk_pad, dp,
-            quant_q=False)
-        o, lse = op.attn_q16(qh, k8, v8, k_scale=ks, v_scale=v_scale, q_prescale=sm_scale * LOG2E, q_groups=q_groups,
-                             k_groups=k_groups, nk=nk, causal=is_causal, nhd=nhd, return_lse=return_lse)
-        return (o, lse) if return_lse else o
     if _fp8(module):
         # K mean, Q, K and V quantization in one op (two launches); its K mean is its own
         # fixed-order sum, equal to torch's mean up to the last bits

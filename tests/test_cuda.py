@@ -91,69 +91,6 @@ def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
     assert_lse_close_to_reference(runs["1"][1], rl)
 
 
-Q_IN_KERNEL_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, dtype, layout, gran, causal, lse)
-    (2, 6, 2, 1000, 1300, 128, torch.bfloat16, "HND", "per_thread", False, True),
-    (2, 6, 2, 1000, 1300, 128, torch.float16, "NHD", "per_warp", True, False),
-    (1, 4, 4, 17, 17, 64, torch.bfloat16, "HND", "per_warp", False, True),
-    (1, 4, 1, 4097, 300, 64, torch.float16, "NHD", "per_thread", True, True),
-    (3, 40, 8, 1500, 1300, 128, torch.bfloat16, "HND", "per_thread", True, True),  # NC3 tiles, counter
-    (1, 3, 3, 2100, 2200, 128, torch.bfloat16, "NHD", "per_warp", False, False),   # 192-row tiles past the end
-    (1, 2, 2, 1, 5, 128, torch.bfloat16, "HND", "per_thread", False, True),
-]
-
-
-@pytest.mark.parametrize("b,hq,hkv,nq,nk,d,dtype,layout,gran,causal,lse", Q_IN_KERNEL_CASES)
-def test_sm90_q_in_kernel_same_bits(b, hq, hkv, nq, nk, d, dtype, layout, gran, causal, lse, monkeypatch):
-    """Q quantized by the Hopper kernel's producer warps (attn_q16) against quant_qkv's Q and
-    the TMA load (SAGEATTN_SM90_Q_IN_KERNEL=0): the same arithmetic, so the same INT8 codes
-    and scales and the same bits out, for per-warp and per-thread scales, partial 16-row
-    blocks, both layouts and dtypes, GQA and 192-row tiles that run past the head's end (a
-    swizzle, scale or row mistake changes bits). The in-kernel run is also checked against
-    the reference."""
-    fn, ext = _need(SM90)
-    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, layout, "cuda", k_bias=1.0, seed=nq + d)
-    runs = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("SAGEATTN_SM90_Q_IN_KERNEL", mode)
-        out = fn(q, k, v, tensor_layout=layout, is_causal=causal, qk_quant_gran=gran, return_lse=lse,
-                 smooth_k=not lse)  # (LSE with smooth_k needs q . K mean: the separate pass)
-        runs[mode] = out if lse else (out, None)
-    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between Q from quant_qkv and Q in the kernel"
-    if lse:
-        assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between the two ways of quantizing Q"
-    opts = cuda_defaults(SM90)
-    cfg = _cuda.reference_config(ext, gran, opts["pv_accum_dtype"], dtype, smooth_k=not lse, head_dim=d)
-    ro = attention_quantized(q, k, v, layout, causal, None, False, cfg)
-    assert_close_to_reference(runs["1"][0], ro, dtype, f"sm90 q in kernel d={d}", fp8=True)
-
-
-def test_sm90_q_in_kernel_is_used_and_checked(monkeypatch):
-    """The default Hopper path calls attn_q16 where Q's rows allow it and the separate pass
-    where they do not (an odd row offset); attn_q16 itself refuses such a Q with an error
-    that names it."""
-    fn, ext = _need(SM90)
-    op = _cuda.ops(ext)
-    q, k, v = make_qkv(1, 2, 2, 300, 300, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0)
-    assert _cuda.q_in_kernel(q, False) and not _cuda.q_in_kernel(q, True)
-    base = torch.randn(1, 2, 300, 129, device="cuda", dtype=torch.bfloat16)
-    q_odd = base[..., 1:]
-    assert not _cuda.q_in_kernel(q_odd, False)
-    monkeypatch.setenv("SAGEATTN_SM90_Q_IN_KERNEL", "0")
-    assert not _cuda.q_in_kernel(q, False)
-    monkeypatch.delenv("SAGEATTN_SM90_Q_IN_KERNEL")
-    _, _, _, k8, ks, _, v8, vs, _ = op.quant_qkv(q, k, v, 0.18, 8, 4, True, False, False, 448.0, 384, 384, 128,
-                                                 quant_q=False)
-    with pytest.raises(RuntimeError, match="q's rows must be 16-byte aligned"):
-        op.attn_q16(q_odd, k8, v8, ks, vs, 0.18, 8, 4, 300, False, False, False)
-    with pytest.raises(RuntimeError, match="q's head dim must be 64 or 128, got 96"):
-        op.attn_q16(q[..., :96].contiguous(), k8, v8, ks, vs, 0.18, 8, 4, 300, False, False, False)
-    o = fn(q_odd, k, v)  # the separate pass takes it
-    opts = cuda_defaults(SM90)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=128)
-    assert_close_to_reference(o, attention_quantized(q_odd, k, v, "HND", False, None, False, cfg), torch.bfloat16,
-                              fp8=True)
-
-
 @pytest.mark.parametrize("backend", ALL)
 def test_inputs_are_not_modified(backend):
     fn, _ = _need(backend)
@@ -268,8 +205,6 @@ def test_opcheck(backend):
     kw = {"test_utils": utils} if backend in FP8_BACKENDS else {}
     torch.library.opcheck(op.attn, (q8, k8, v, qs, ks, vs, vm, qdot, 8, 4, 100, 100, 64, True, accum, False, True,
                                     0.125, torch.float16), **kw)
-    if backend == SM90:
-        torch.library.opcheck(op.attn_q16, (x, k8, v, ks, vs, 0.18, 8, 4, 100, True, False, True), **kw)
 
 
 def test_bf16_v_beyond_fp16_range_stays_finite():
@@ -459,4 +394,3 @@ def test_quant_qkv_opcheck(backend):
     nk_pad = _cuda._ceil(90, _cuda.kv_block(ext))
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 8, 4, True, True, True, 448.0, 128, nk_pad, 64))
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 1, 1, False, False, False, 2.25, 128, nk_pad, 64))
-    torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 8, 4, True, False, False, 448.0, 128, nk_pad, 64, False))

@@ -72,12 +72,10 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
 
 // quant_int8(Q), quant_int8(K, K mean) and quant_v_fp8(V): in one pass where quant_qkv_scratch
 // says so (sm_90 module), else in two launches (statistics, then quantization); the K mean is
-// computed here (fp32, [B, Hkv, D]) and returned. quant_q false leaves Q out (empty q8 and
-// q_scale): attn_q16 quantizes it inside the Hopper kernel.
+// computed here (fp32, [B, Hkv, D]) and returned.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
     const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
-    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad,
-    bool quant_q) {
+    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad) {
   const char* op = "quant_qkv";
   sage::QuantQKVParams p{};
   p.q = input_of(q, op, "q");
@@ -100,13 +98,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   TORCH_CHECK((q_groups == 1 || q_groups == 8) && (k_groups == 1 || k_groups == 4), kOps, "::", op,
               ": q_groups must be 1 or 8 and k_groups 1 or 4");
   TORCH_CHECK(!rowdot || smooth_k, kOps, "::", op, ": rowdot (q . K mean) needs smooth_k");
-  TORCH_CHECK(quant_q || !rowdot, kOps, "::", op, ": rowdot (q . K mean) needs quant_q");
   c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(at::kFloat);
-  // quant_q false: Q is only checked (shapes), not quantized (attn_q16 does it in the kernel)
-  Tensor q8 = quant_q ? at::empty({B, Hq, nq_pad, d_pad}, q.options().dtype(at::kChar))
-                      : at::empty({0, 0, 0, 0}, q.options().dtype(at::kChar));
-  Tensor q_scale = at::empty({quant_q ? B : 0, quant_q ? Hq : 0, quant_q ? nq_pad / sage::kAttnWarpQ * q_groups : 0}, f32);
+  Tensor q8 = at::empty({B, Hq, nq_pad, d_pad}, q.options().dtype(at::kChar));
+  Tensor q_scale = at::empty({B, Hq, nq_pad / sage::kAttnWarpQ * q_groups}, f32);
   Tensor q_rowdot = at::empty({rowdot ? B : 0, rowdot ? Hq : 0, rowdot ? Nq : 0}, f32);
   Tensor k8 = at::empty({B, Hkv, nk_pad, d_pad}, q.options().dtype(at::kChar));
   Tensor k_scale = at::empty({B, Hkv, nk_pad / sage::kAttnBlockK * k_groups}, f32);
@@ -119,7 +114,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;
   p.v_scale_max = static_cast<float>(v_scale_max);
-  p.q_out = quant_q ? q8.data_ptr<int8_t>() : nullptr, p.q_scale = quant_q ? q_scale.data_ptr<float>() : nullptr;
+  p.q_out = q8.data_ptr<int8_t>(), p.q_scale = q_scale.data_ptr<float>();
   p.q_rowdot = rowdot ? q_rowdot.data_ptr<float>() : nullptr;
   p.k_out = k8.data_ptr<int8_t>(), p.k_scale = k_scale.data_ptr<float>();
   p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
@@ -151,42 +146,17 @@ Tensor prepare_v(const Tensor& v, int64_t d_pad) {
   return out;
 }
 
-// How Q comes in: INT8 codes with their scales (attn), or (attn_q16, Hopper module) the 16-bit
-// input itself, quantized inside the attention kernel, which writes the scales to a new tensor.
-struct QIn {
-  const Tensor& q;             // int8 [B, Hq, nq_pad, Dp], or 16-bit [B, Hq, nq, D] (unit stride along D)
-  const Tensor* q_scale;       // the INT8 codes' scales; null: 16-bit Q
-  double q_prescale;           // 16-bit Q: multiplied in before quantizing (quant_qkv's q_prescale)
-};
-
-std::tuple<Tensor, Tensor> attn_impl(const char* op, const QIn& qin, const Tensor& k8, const Tensor& v,
-                                     const Tensor& k_scale, const std::optional<Tensor>& v_scale,
-                                     const std::optional<Tensor>& v_mean, const std::optional<Tensor>& lse_add,
-                                     int64_t q_groups, int64_t k_groups, int64_t nq, int64_t nk, int64_t d_out,
-                                     bool causal, int64_t accum, bool nhd, bool return_lse, double lse_add_scale,
-                                     at::ScalarType out_dtype) {
-  const Tensor& q = qin.q;
-  const bool q16 = qin.q_scale == nullptr;
-  if (q16) {
-    check_input(q, op, "q");
-    dtype_of(q, op, "q");
-    TORCH_CHECK(q.scalar_type() == out_dtype, kOps, "::", op, ": q is ", q.scalar_type(), " but the output ",
-                out_dtype, "; they must match");
-    TORCH_CHECK(q.size(3) == 64 || q.size(3) == 128, kOps, "::", op, ": q's head dim must be 64 or 128, got ",
-                q.size(3));
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 &&
-                    q.stride(2) % 8 == 0,
-                kOps, "::", op, ": q's rows must be 16-byte aligned (data pointer, and strides of dims 0 to 2 in "
-                "multiples of 8 elements), got strides ", q.strides());
-    TORCH_CHECK(k8.is_cuda() && k8.scalar_type() == at::kChar && k8.dim() == 4 && k8.is_contiguous(), kOps, "::", op,
-                ": k8 must be a contiguous 4-D int8 CUDA tensor");
-  } else {
-    TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kChar && k8.scalar_type() == at::kChar && q.dim() == 4 &&
-                    k8.dim() == 4 && q.is_contiguous() && k8.is_contiguous(),
-                kOps, "::", op, ": q8 and k8 must be contiguous 4-D int8 CUDA tensors");
-  }
-  const int64_t B = q.size(0), Hq = q.size(1), Dp = q.size(3);
-  const int64_t nq_pad = q16 ? (q.size(2) + sage::kAttnBlockQ - 1) / sage::kAttnBlockQ * sage::kAttnBlockQ : q.size(2);
+std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor& v, const Tensor& q_scale,
+                                const Tensor& k_scale, const std::optional<Tensor>& v_scale,
+                                const std::optional<Tensor>& v_mean, const std::optional<Tensor>& lse_add,
+                                int64_t q_groups, int64_t k_groups, int64_t nq, int64_t nk, int64_t d_out,
+                                bool causal, int64_t accum, bool nhd, bool return_lse, double lse_add_scale,
+                                at::ScalarType out_dtype) {
+  const char* op = "attn";
+  TORCH_CHECK(q8.is_cuda() && q8.scalar_type() == at::kChar && k8.scalar_type() == at::kChar && q8.dim() == 4 &&
+                  k8.dim() == 4 && q8.is_contiguous() && k8.is_contiguous(),
+              kOps, "::", op, ": q8 and k8 must be contiguous 4-D int8 CUDA tensors");
+  const int64_t B = q8.size(0), Hq = q8.size(1), nq_pad = q8.size(2), Dp = q8.size(3);
   const int64_t Hkv = k8.size(1), nk_pad = k8.size(2);
 #if defined(SAGE_SM90)
   TORCH_CHECK(Dp == 64 || Dp == 128, kOps, "::", op, ": head dim must be padded to 64 or 128, got ", Dp);
@@ -195,19 +165,17 @@ std::tuple<Tensor, Tensor> attn_impl(const char* op, const QIn& qin, const Tenso
   TORCH_CHECK(Dp == 64 || Dp == 128 || Dp == 256, kOps, "::", op, ": head dim must be padded to 64, 128 or 256, got ", Dp);
   const int64_t kv_block = sage::kAttnBlockK;
 #endif
-  TORCH_CHECK(k8.size(0) == B && k8.size(3) == Dp && Hkv > 0 && Hq % Hkv == 0, kOps, "::", op, ": q/k8 shapes ",
-              q.sizes(), " and ", k8.sizes(), " do not match");
+  TORCH_CHECK(k8.size(0) == B && k8.size(3) == Dp && Hkv > 0 && Hq % Hkv == 0, kOps, "::", op, ": q8/k8 shapes ",
+              q8.sizes(), " and ", k8.sizes(), " do not match");
   TORCH_CHECK(nq_pad % sage::kAttnBlockQ == 0 && nq <= nq_pad && nq > 0 && nk_pad % kv_block == 0 &&
                   nk <= nk_pad && nk > 0 && d_out > 0 && d_out <= Dp,
               kOps, "::", op, ": bad sizes nq=", nq, " nk=", nk, " d_out=", d_out);
   TORCH_CHECK((q_groups == 1 || q_groups == 8) && (k_groups == 1 || k_groups == 4), kOps, "::", op,
               ": q_groups must be 1 or 8 and k_groups 1 or 4");
   TORCH_CHECK(out_dtype == at::kHalf || out_dtype == at::kBFloat16, kOps, "::", op, ": out_dtype must be float16 or bfloat16");
-  const std::initializer_list<int64_t> q_scale_shape = {B, Hq, nq_pad / sage::kAttnWarpQ * q_groups};
-  if (!q16) check_f32(*qin.q_scale, op, "q_scale", q_scale_shape);
+  check_f32(q_scale, op, "q_scale", {B, Hq, nq_pad / sage::kAttnWarpQ * q_groups});
   check_f32(k_scale, op, "k_scale", {B, Hkv, nk_pad / sage::kAttnBlockK * k_groups});
-  c10::cuda::CUDAGuard guard(q.device());
-  const Tensor q_scale = q16 ? at::empty(q_scale_shape, q.options().dtype(at::kFloat)) : *qin.q_scale;
+  c10::cuda::CUDAGuard guard(q8.device());
 
   sage::AttnParams p{};
   const bool fp8 = v.scalar_type() == at::kFloat8_e4m3fn;
@@ -228,17 +196,10 @@ std::tuple<Tensor, Tensor> attn_impl(const char* op, const QIn& qin, const Tenso
     check_f32(*v_mean, op, "v_mean", {B, Hkv, Dp});
     p.v_mean = v_mean->data_ptr<float>();
   }
-  Tensor o = nhd ? at::empty({B, nq, Hq, d_out}, q.options().dtype(out_dtype))
-                 : at::empty({B, Hq, nq, d_out}, q.options().dtype(out_dtype));
-  Tensor lse = at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0}, q.options().dtype(at::kFloat));
-  if (q16) {
-    p.q16 = q.data_ptr();
-    p.q16_stride_b = q.stride(0), p.q16_stride_h = q.stride(1), p.q16_stride_n = q.stride(2);
-    p.q_prescale = static_cast<float>(qin.q_prescale);
-  } else {
-    p.q = q.data_ptr<int8_t>();
-  }
-  p.k = k8.data_ptr<int8_t>(), p.v = vk.data_ptr();
+  Tensor o = nhd ? at::empty({B, nq, Hq, d_out}, q8.options().dtype(out_dtype))
+                 : at::empty({B, Hq, nq, d_out}, q8.options().dtype(out_dtype));
+  Tensor lse = at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0}, q8.options().dtype(at::kFloat));
+  p.q = q8.data_ptr<int8_t>(), p.k = k8.data_ptr<int8_t>(), p.v = vk.data_ptr();
   p.v_stride_b = vk.stride(0), p.v_stride_h = vk.stride(1), p.v_stride_n = vk.stride(2);
   p.q_scale = q_scale.data_ptr<float>(), p.k_scale = k_scale.data_ptr<float>();
   p.q_groups = q_groups, p.k_groups = k_groups;
@@ -267,7 +228,7 @@ std::tuple<Tensor, Tensor> attn_impl(const char* op, const QIn& qin, const Tenso
   if (fp8) {
     const int ints = sage::attn_sm90_scratch_ints(p, static_cast<int>(Dp));
     if (ints > 0) {
-      tile_counter = at::zeros({ints}, q.options().dtype(at::kInt));
+      tile_counter = at::zeros({ints}, q8.options().dtype(at::kInt));
       p.tile_counter = tile_counter.data_ptr<int>();
     }
     err = sage::attn_sm90(p, static_cast<int>(Dp), stream);
@@ -275,7 +236,6 @@ std::tuple<Tensor, Tensor> attn_impl(const char* op, const QIn& qin, const Tenso
 #elif defined(SAGE_FP8)
   if (fp8) err = sage::attn_fp8_pv(p, static_cast<int>(Dp), stream);
 #endif
-  TORCH_CHECK(!q16 || fp8, kOps, "::", op, ": 16-bit q needs fp8 v");
 #if defined(SAGE_FP16_PV)
   if (!fp8) err = sage::attn_fp16_pv(p, static_cast<int>(Dp), stream);
 #endif
@@ -285,29 +245,6 @@ std::tuple<Tensor, Tensor> attn_impl(const char* op, const QIn& qin, const Tenso
   return {o, lse};
 }
 
-std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor& v, const Tensor& q_scale,
-                                const Tensor& k_scale, const std::optional<Tensor>& v_scale,
-                                const std::optional<Tensor>& v_mean, const std::optional<Tensor>& lse_add,
-                                int64_t q_groups, int64_t k_groups, int64_t nq, int64_t nk, int64_t d_out,
-                                bool causal, int64_t accum, bool nhd, bool return_lse, double lse_add_scale,
-                                at::ScalarType out_dtype) {
-  return attn_impl("attn", QIn{q8, &q_scale, 1.0}, k8, v, k_scale, v_scale, v_mean, lse_add, q_groups, k_groups, nq,
-                   nk, d_out, causal, accum, nhd, return_lse, lse_add_scale, out_dtype);
-}
-
-#if defined(SAGE_SM90)
-// attn with Q in 16 bits ([B, Hq, nq, D], D 64 or 128, the output's dtype), quantized inside
-// the Hopper kernel exactly as quant_qkv(q_prescale, q_groups) would; fp8 V, fp32+fp32.
-std::tuple<Tensor, Tensor> attn_q16(const Tensor& q, const Tensor& k8, const Tensor& v8, const Tensor& k_scale,
-                                    const Tensor& v_scale, double q_prescale, int64_t q_groups, int64_t k_groups,
-                                    int64_t nk, bool causal, bool nhd, bool return_lse) {
-  TORCH_CHECK(q.dim() == 4, kOps, "::attn_q16: q must be 4-D [B, H, N, D], got ", q.dim(), "-D");
-  return attn_impl("attn_q16", QIn{q, nullptr, q_prescale}, k8, v8, k_scale, v_scale, std::nullopt, std::nullopt,
-                   q_groups, k_groups, q.size(2), nk, q.size(3), causal, static_cast<int64_t>(sage::PVAccum::kFp32Fp32),
-                   nhd, return_lse, 1.0, q.scalar_type());
-}
-#endif
-
 }  // namespace
 
 TORCH_LIBRARY(SAGE_OPS, m) {
@@ -316,16 +253,12 @@ TORCH_LIBRARY(SAGE_OPS, m) {
 #if defined(SAGE_FP8)
   m.def("quant_v_fp8(Tensor v, float scale_max, bool smooth, int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
   m.def("quant_qkv(Tensor q, Tensor k, Tensor v, float q_prescale, int q_groups, int k_groups, bool smooth_k, "
-        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad, bool quant_q=True) -> "
-        "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad) -> (Tensor, Tensor, "
+        "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 #endif
   m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "
         "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "
         "bool return_lse, float lse_add_scale, ScalarType out_dtype) -> (Tensor, Tensor)");
-#if defined(SAGE_SM90)
-  m.def("attn_q16(Tensor q, Tensor k8, Tensor v8, Tensor k_scale, Tensor v_scale, float q_prescale, int q_groups, "
-        "int k_groups, int nk, bool causal, bool nhd, bool return_lse) -> (Tensor, Tensor)");
-#endif
 }
 
 TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
@@ -335,9 +268,6 @@ TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
   m.impl("quant_qkv", &quant_qkv);
 #endif
   m.impl("attn", &attn);
-#if defined(SAGE_SM90)
-  m.impl("attn_q16", &attn_q16);
-#endif
 }
 
 SAGE_DEFINE_MODULE()

@@ -40,14 +40,6 @@
 
 namespace sage {
 
-// L2 prefetch of `bytes` (a multiple of 16) from a 16-byte aligned global address (TMA unit).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t a, uint32_t b) {
-  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
-}
-
 struct Sm90Args {
   CUtensorMap tq, tk, tv;  // int8 Q [rows, D], int8 K [rows, D], e4m3 V^T [rows, nk_pad]
   CUtensorMap to;          // O [batch, heads, nq, d_out] in 64x64 boxes, when o_tma
@@ -77,10 +69,8 @@ struct Sm90Shape {
   static constexpr bool kSplitPV = D == 128 && kNC == 3;
   static constexpr int kKbu = kSplitPV ? 1 : 2;  // the key loop's unroll (2 spills 476 bytes with kSplitPV)
   static constexpr int kBQ = 64 * kNC, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 128 * (kNC + 1);
-  // registers per thread after setmaxnreg, all of the CTA's: 128 x 24 + 256 x 240 = 64512
-  // (384 threads launch with 168 each) or 128 x 32 + 384 x 160 = 65536 (512 with 128 each)
+  // registers per consumer thread after setmaxnreg (the producer keeps 24): 65536 in all
   static constexpr int kConsRegs = kNC == 2 ? 240 : 160;
-  static constexpr int kProdRegs = kNC == 2 ? 24 : 32;
   static constexpr int kQBufs = 2;    // Q of the next work tile lands while this one runs
   static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
@@ -96,8 +86,7 @@ struct Sm90Shape {
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr int kOffBar = kOffO + kNC * kOBytes;
   static constexpr int kBars = 2 * kQBufs + 3 * kStages;
-  static constexpr int kOffNext = kOffBar + 8 * kBars;  // 2 ints: tile indices among the Q warps
-  static constexpr int kSmem = kOffNext + 8 + 1024;     // + slack to align the base to 1024
+  static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
 
 // 2^x on the FMA pipe, for a share of the softmax's exponentials: the MUFU unit does 16 per
@@ -149,84 +138,6 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
   return t;
 }
 
-// In-kernel Q (p.q16): the producer warpgroup's warps 1 to kQWarps quantize each work tile's
-// Q from the 16-bit input while the consumers run the tile before, so no separate pass reads
-// and writes Q. Per 16-row scale block the arithmetic is quant_qkv's (quant_rows), so the
-// codes and scales are bit for bit those quant_qkv would give: max |x| in the input type,
-// times |prescale|, 127 / max, int8_bits of x * prescale. Codes go into the Q buffer in the
-// layout TMA would have written (16-byte units of a row XOR-swizzled: 128-byte rows at
-// D=128, 64-byte at D=64), the scales to p.q_scale. Warp qw takes blocks qw, qw + kQWarps,
-// ...; lane (cq, rr) holds rows rr and rr + 8 of a block, columns cq * D/4 to (cq+1) * D/4.
-constexpr int kQWarps = 3;
-
-template <int D, int BQ, typename T>
-__device__ __noinline__ void sm90_quant_q(const AttnParams& p, const Sm90Tile& tl, uint32_t qbuf, int qw, int lane) {
-  constexpr int kChunks = D / 32;  // 16-byte chunks (8 elements) per lane and row
-  const int rr = lane & 7, cq = lane >> 3;
-  const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
-  const T* qh = static_cast<const T*>(p.q16) + tl.b * p.q16_stride_b + tl.h * p.q16_stride_h + cq * (D / 4);
-  const int nwb = p.nq_pad / kAttnWarpQ;
-  const float ps = p.q_prescale;
-  const bool scaled = ps != 1.f;
-  // the tile's rows on their way to L2 first: the loads below then wait for L2, not HBM
-  for (int i = qw * 32 + lane; i < BQ; i += 32 * kQWarps)
-    if (tl.q0 + i < p.nq) bulk_prefetch_l2(static_cast<const T*>(p.q16) + tl.b * p.q16_stride_b + tl.h * p.q16_stride_h + (tl.q0 + i) * p.q16_stride_n, D * 2);
-  for (int blk = qw; blk < BQ / kAttnWarpQ; blk += kQWarps) {
-    const int r0 = tl.q0 + blk * kAttnWarpQ;
-    // (a 192-row tile's blocks past the head's end: their rows are computed and dropped)
-    if (r0 >= p.nq_pad) break;
-    uint32_t m2 = 0u;  // max |x| of the lane's elements, two per word
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int row = r0 + rr + 8 * hr;
-      if (row < p.nq) {
-        const uint4* src = reinterpret_cast<const uint4*>(qh + row * p.q16_stride_n);
-        uint4 x[kChunks];
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) x[j] = src[j];
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j)
-          m2 = max_abs2<T>(max_abs2<T>(max_abs2<T>(max_abs2<T>(m2, x[j].x), x[j].y), x[j].z), x[j].w);
-      }
-    }
-    float am = fmaxf(half_of<T>(m2, 0), half_of<T>(m2, 1));
-    if (scaled) am = __fmul_rn(am, fabsf(ps));
-    // over the lanes of the scale group: rows rr and rr + 8 (per thread, 8 groups) or all
-    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 8));
-    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 16));
-    if (p.q_groups == 1) {
-#pragma unroll
-      for (int off = 1; off < 8; off <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, off));
-    }
-    am = fmaxf(am, kAmaxEps);
-    const float inv = __fdiv_rn(127.f, am);
-    if (cq == 0 && (p.q_groups == 8 || rr == 0))
-      p.q_scale[(bh * nwb + r0 / kAttnWarpQ) * p.q_groups + (p.q_groups == 8 ? rr : 0)] = __fdiv_rn(am, 127.f);
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int lr = blk * kAttnWarpQ + rr + 8 * hr, row = r0 + rr + 8 * hr;  // row in the tile, in the head
-      const uint4* src = reinterpret_cast<const uint4*>(qh + row * p.q16_stride_n);
-      const uint32_t sw = D == 128 ? (lr & 7) : ((lr >> 1) & 3);
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        uint32_t w[2] = {0u, 0u};
-        if (row < p.nq) {
-          const uint4 x = src[j];
-          const uint32_t xw[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            float y = half_of<T>(xw[i / 2], i & 1);
-            if (scaled) y = __fmul_rn(y, ps);
-            w[i / 4] |= int8_bits(y, inv) << (8 * (i % 4));
-          }
-        }
-        const int c = cq * kChunks + j;  // 8-byte piece c of the row's codes: 16-byte unit c / 2
-        st_shared_v2(qbuf + lr * D + (((c >> 1) ^ sw) << 4) + ((c & 1) << 3), w[0], w[1]);
-      }
-    }
-  }
-}
-
 // gridDim.x CTAs (one per SM, or one per tile) take work tiles w: blockIdx.x first, then
 // blockIdx.x + i * gridDim.x or, with p.tile_counter, gridDim.x + the counter's next value.
 template <int D, int NCONS, typename OutT>
@@ -260,10 +171,9 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   const int tid = threadIdx.x, wg = tid / 128;
   const int hpk = p.heads_q / p.heads_kv;
 
-  const bool q16 = p.q16 != nullptr;  // Q quantized here, by the Q warps (sm90_quant_q)
   if (tid == 0) {
     for (int i = 0; i < S::kQBufs; ++i) {
-      mbar_init(&full_q[i], q16 ? kQWarps : 1);
+      mbar_init(&full_q[i], 1);
       mbar_init(&empty_q[i], 4 * NC);  // one arrival per consumer warp
     }
     for (int s = 0; s < ST; ++s) {
@@ -285,9 +195,9 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    regs_dealloc<S::kProdRegs>();
+    regs_dealloc<24>();
     if (tid == 0) {
-      if (!q16) tma_prefetch_desc(&a.tq);
+      tma_prefetch_desc(&a.tq);
       tma_prefetch_desc(&a.tk);
       tma_prefetch_desc(&a.tv);
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
@@ -297,29 +207,17 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       // signalled on the next Q buffer's barrier too.
       for (int w = blockIdx.x, it = 0;; ++it) {
         const int qb = it % S::kQBufs;
-        if (q16) {
-          // Q comes from the Q warps, which also take the tiles from the counter: the index
-          // is published with the Q buffer
-          if (chan) {
-            mbar_wait(&full_q[qb], (it / S::kQBufs) & 1);
-            w = chan[qb];
-          }
-          if (w >= tiles) break;
-        } else {
-          if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
-          if (chan) chan[qb] = w;  // released to the consumers by the arrival below
-          if (w >= tiles) {
-            mbar_arrive(&full_q[qb]);
-            break;
-          }
+        if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
+        if (chan) chan[qb] = w;  // released to the consumers by the arrival below
+        if (w >= tiles) {
+          mbar_arrive(&full_q[qb]);
+          break;
         }
         const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
+        const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
-        if (!q16) {
-          const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
-          mbar_expect_tx(&full_q[qb], S::kQBytes);
-          tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
-        }
+        mbar_expect_tx(&full_q[qb], S::kQBytes);
+        tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
         for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
           const int st = c % ST;
           if (c >= ST) mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
@@ -328,33 +226,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
           mbar_expect_tx(&full_v[st], S::kVBytes);
           tma_load_2d(smem + S::kOffV + st * S::kVStride, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
         }
-        if (q16 || !chan) w += static_cast<int>(gridDim.x);  // (q16 with the counter: read above)
-        else w = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-      }
-    } else if (q16 && tid >= 32 && tid < 32 * (1 + kQWarps)) {
-      // Q warps: quantize the Q of the CTA's work tiles into the Q buffers in turn, each once
-      // the consumers are done with the buffer's previous tile; with the counter, claim the
-      // tile then too (as late as the TMA path's claim) and publish its index with the buffer.
-      const int qw = tid / 32 - 1, lane = tid % 32;
-      volatile int* next = reinterpret_cast<volatile int*>(smem + S::kOffNext);
-      for (int w = blockIdx.x, it = 0;; ++it) {
-        const int qb = it % S::kQBufs;
-        if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
-        if (it > 0) {
-          if (chan) {
-            if (qw == 0 && lane == 0) next[it & 1] = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
-            named_bar_sync<32 * kQWarps>(2 * NC + 1);  // (slot it & 1 is written again after the next one)
-            w = next[it & 1];
-          } else {
-            w += static_cast<int>(gridDim.x);
-          }
-        }
-        if (chan && qw == 0 && lane == 0) chan[qb] = w;  // released by the arrival below
-        if (w < tiles) sm90_quant_q<D, S::kBQ, OutT>(p, sm90_tile<S::kBQ>(p, w), smem_addr(smem + qb * S::kQBytes), qw, lane);
-        fence_proxy_async();  // the codes are read by wgmma (the async proxy)
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&full_q[qb]);
-        if (w >= tiles) break;
+        w = p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
       }
     }
   } else {
@@ -407,8 +279,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       // (192-row tiles: the rows of the last tile past nq_pad are computed and dropped; their
       // Q scale is read from the head's last block so that the load stays inside the buffer)
       const int qwb = NC == 2 ? row_w / kAttnWarpQ : min(row_w / kAttnWarpQ, nwb - 1);
-      // (through L2, not the read-only path: with q16 this kernel's Q warps wrote it)
-      const float qsc = __ldcg(p.q_scale + (bh * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0));
+      const float qsc = p.q_scale[(bh * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0)];
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
 

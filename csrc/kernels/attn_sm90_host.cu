@@ -68,8 +68,7 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, Sm90Args&
   const uint64_t q_rows = static_cast<uint64_t>(p.batch) * p.heads_q * p.nq_pad;
   const uint64_t kv_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * p.nk_pad;
   const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * d;
-  // (16-bit Q, p.q16: quantized by the kernel into its Q buffers, no map)
-  const bool ok = (p.q16 != nullptr || encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, d, qk_swizzle)) &&
+  const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, d, qk_swizzle) &&
                   encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK, d, qk_swizzle) &&
                   encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
@@ -113,10 +112,6 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
       p.nq_pad % 128 != 0)
-    return cudaErrorInvalidValue;
-  // 16-bit Q: read in 16-byte pieces by the kernel, in the output's dtype, without q . K mean
-  if (p.q16 != nullptr && (reinterpret_cast<uintptr_t>(p.q16) % 16 != 0 || p.q16_stride_b % 8 != 0 ||
-                           p.q16_stride_h % 8 != 0 || p.q16_stride_n % 8 != 0 || p.lse_add != nullptr))
     return cudaErrorInvalidValue;
   if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;
   switch (head_dim) {

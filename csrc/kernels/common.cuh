@@ -3,8 +3,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <type_traits>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -58,52 +56,6 @@ __device__ __forceinline__ bool vec_ok(const void* base, int64_t sb, int64_t sh,
   constexpr int per16 = 16 / sizeof(T);
   return (reinterpret_cast<uintptr_t>(base) % 16 == 0) && sb % per16 == 0 && sh % per16 == 0 &&
          sn % per16 == 0 && d % per16 == 0;
-}
-
-// ---- INT8 quantization arithmetic, shared by quant_qkv and the Hopper kernel's in-kernel Q ----
-
-// The low (hi = 0) or high 16-bit element of a word, as float.
-template <typename T>
-__device__ __forceinline__ float half_of(uint32_t w, int hi) {
-  const uint32_t h = hi ? (w >> 16) : (w & 0xffffu);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __uint_as_float(h << 16);
-  } else {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-  }
-}
-
-// max(m, |x|) of two packed 16-bit pairs (m non-negative), exact in the input type; a NaN
-// in x leaves m (as fmaxf does).
-template <typename T>
-__device__ __forceinline__ uint32_t max_abs2(uint32_t m, uint32_t x) {
-  x &= 0x7fff7fffu;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 a, b;
-    memcpy(&a, &m, 4), memcpy(&b, &x, 4);
-    a = __hmax2(a, b);
-    memcpy(&m, &a, 4);
-  } else {
-    __half2 a, b;
-    memcpy(&a, &m, 4), memcpy(&b, &x, 4);
-    a = __hmax2(a, b);
-    memcpy(&m, &a, 4);
-  }
-  return m;
-}
-
-// Symmetric INT8 of x * inv, round half away from zero, saturated to +-127: quant_int8.cu's
-// arithmetic and results (NaN -> +-127 included), with the floor and the conversion to an
-// integer done by full-rate fp32 adds instead of the quarter-rate FRND and F2I. The code is
-// the low byte of the result.
-__device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
-  constexpr float k2p23 = 8388608.f;     // ulp 1 from here: x + 2^23 rounded toward zero is 2^23 + floor(x)
-  constexpr float k3p22 = 12582912.f;    // 1.5 * 2^23: m + it holds m (|m| <= 127) in its low bits
-  const float t = __fmul_rn(x, inv);
-  const float a = __fadd_rn(fabsf(t), 0.5f);                 // 0.5 <= a (or NaN), below 2^23
-  const float f = __fsub_rn(__fadd_rz(a, k2p23), k2p23);     // floor(a), exact
-  const float m = copysignf(fminf(f, 127.f), t);
-  return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
 }
 
 // Combines eight per-channel partials across the lanes 4, 8 and 16 apart (the eight token

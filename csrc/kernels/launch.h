@@ -61,8 +61,7 @@ struct QuantQKVParams {
   float q_prescale;            // Q is multiplied by this first (sm_scale * log2(e))
   int q_groups, k_groups;      // 1 or 8, 1 or 4 (see QuantInt8Params)
   float v_scale_max;           // 448, or 2.25 for the fp16-accumulating PV
-  int8_t* q_out;               // [B, Hq, nq_pad, d_pad], or null: Q left out (the Hopper kernel
-                               // quantizes it itself, AttnParams::q16)
+  int8_t* q_out;               // [B, Hq, nq_pad, d_pad]
   float* q_scale;              // [B, Hq, nq_pad / 16 * q_groups]
   float* q_rowdot;             // [B, Hq, Nq]: q . k_mean[h / (Hq / Hkv)], or null (needs k_mean)
   int8_t* k_out;               // [B, Hkv, nk_pad, d_pad]
@@ -103,7 +102,7 @@ struct AttnParams {
   const void* v;               // fp16/bf16: [B, Hkv, nk, D] strided; fp8: [B, Hkv, D, nk_pad]
   DType v_dtype;               // fp16 PV only
   int64_t v_stride_b, v_stride_h, v_stride_n;
-  float* q_scale;              // [B, Hq, nq_pad / warp_q * q_groups] (written by the sm90 kernel with q16)
+  const float* q_scale;        // [B, Hq, nq_pad / warp_q * q_groups]
   const float* k_scale;        // [B, Hkv, nk_pad / 64 * k_groups]
   int q_groups, k_groups;      // 1 or 8, 1 or 4
   const float* v_scale;        // fp8: [B, Hkv, D]
@@ -120,12 +119,6 @@ struct AttnParams {
   PVAccum accum;
   int* tile_counter;           // sm90: zeroed ints for the dynamic work-tile schedule (the
                                // counter, then each CTA's tile indices), or null; see below
-  // sm90 only: Q in 16 bits (o_dtype, [B, Hq, nq, D] with these element strides, unit stride
-  // along D), quantized by the kernel itself with quant_qkv's arithmetic: q is then null and
-  // the kernel writes q_scale (prescale and q_groups as for quant_qkv). Null: q holds INT8 Q.
-  const void* q16;
-  int64_t q16_stride_b, q16_stride_h, q16_stride_n;
-  float q_prescale;
 };
 
 // Query rows per CTA, per warp (the per-warp/per-thread Q scale layout depends on it) and keys per block.

@@ -67,6 +67,17 @@ __device__ __forceinline__ uint2 load_bits4(const T* row, int col0, int d, bool 
   return make_uint2(w[0], w[1]);
 }
 
+// The low (hi = 0) or high 16-bit element of a word, as float.
+template <typename T>
+__device__ __forceinline__ float half_of(uint32_t w, int hi) {
+  const uint32_t h = hi ? (w >> 16) : (w & 0xffffu);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(h << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+}
+
 // Element i (a compile-time index after unrolling) of eight / four packed 16-bit values.
 template <typename T>
 __device__ __forceinline__ float elem(const uint4& u, int i) {
@@ -75,6 +86,39 @@ __device__ __forceinline__ float elem(const uint4& u, int i) {
 template <typename T>
 __device__ __forceinline__ float elem(const uint2& u, int i) {
   return half_of<T>(i < 2 ? u.x : u.y, i & 1);
+}
+
+// max(m, |x|) of two packed 16-bit pairs (m non-negative), exact in the input type; a NaN
+// in x leaves m (as fmaxf does).
+template <typename T>
+__device__ __forceinline__ uint32_t max_abs2(uint32_t m, uint32_t x) {
+  x &= 0x7fff7fffu;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 a, b;
+    memcpy(&a, &m, 4), memcpy(&b, &x, 4);
+    a = __hmax2(a, b);
+    memcpy(&m, &a, 4);
+  } else {
+    __half2 a, b;
+    memcpy(&a, &m, 4), memcpy(&b, &x, 4);
+    a = __hmax2(a, b);
+    memcpy(&m, &a, 4);
+  }
+  return m;
+}
+
+// Symmetric INT8 of x * inv, round half away from zero, saturated to +-127: quant_int8.cu's
+// arithmetic and results (NaN -> +-127 included), with the floor and the conversion to an
+// integer done by full-rate fp32 adds instead of the quarter-rate FRND and F2I. The code is
+// the low byte of the result.
+__device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
+  constexpr float k2p23 = 8388608.f;     // ulp 1 from here: x + 2^23 rounded toward zero is 2^23 + floor(x)
+  constexpr float k3p22 = 12582912.f;    // 1.5 * 2^23: m + it holds m (|m| <= 127) in its low bits
+  const float t = __fmul_rn(x, inv);
+  const float a = __fadd_rn(fabsf(t), 0.5f);                 // 0.5 <= a (or NaN), below 2^23
+  const float f = __fsub_rn(__fadd_rz(a, k2p23), k2p23);     // floor(a), exact
+  const float m = copysignf(fminf(f, 127.f), t);
+  return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
 }
 
 // V's per-channel outputs of head bh, channel c, from the sum, maximum and minimum over all
@@ -445,17 +489,11 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
                       p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr);
 }
 
-// Q's 16-row scale blocks to quantize: none where the attention kernel quantizes Q itself
-// (p.q_out null: the Hopper kernel's attn_q16 path).
-__host__ __device__ __forceinline__ int64_t q_units(const QuantQKVParams& p) {
-  return p.q_out ? static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) : 0;
-}
-
 // Q scale block `unit` (16 rows of one head) for one warp.
 template <typename T, int DP>
 __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t unit) {
   const int nblk = p.nq_pad / kAttnWarpQ;
-  if (unit >= q_units(p)) return;
+  if (unit >= static_cast<int64_t>(p.q.batch) * p.q.heads * nblk) return;
   const int64_t bh = unit / nblk;
   const int rb = static_cast<int>(unit % nblk);
   const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
@@ -720,7 +758,7 @@ int one_pass_chunks(const QuantQKVParams& p) {
     fit[dev].store(resident, std::memory_order_relaxed);
   }
   const int64_t groups = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads;
-  const int64_t q_ctas = (q_units(p) + kOPWarps - 1) / kOPWarps;
+  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kOPWarps - 1) / kOPWarps;
   if (2 * chunks > resident || groups * chunks + q_ctas > 0x7fffffff || p.nk_pad > chunks * kChunkTokens<DP>)
     return 0;
   return static_cast<int>(chunks);
@@ -732,9 +770,9 @@ cudaError_t launch_one_pass(const QuantQKVParams& p, int chunks, cudaStream_t st
   // group's statistics complete), the rest in Q-only CTAs
   constexpr int64_t kMaxQPerWarp = 8;
   const int64_t kv_ctas = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads * chunks;
-  const int64_t qn = q_units(p);
-  const int64_t per_warp = std::min(kMaxQPerWarp, (qn + kv_ctas * kOPWarps - 1) / (kv_ctas * kOPWarps));
-  const int64_t left = std::max<int64_t>(0, qn - kv_ctas * kOPWarps * per_warp);
+  const int64_t q_units = static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ);
+  const int64_t per_warp = std::min(kMaxQPerWarp, (q_units + kv_ctas * kOPWarps - 1) / (kv_ctas * kOPWarps));
+  const int64_t left = std::max<int64_t>(0, q_units - kv_ctas * kOPWarps * per_warp);
   const int64_t q_ctas = (left + kOPWarps - 1) / kOPWarps;
   qkv_one_pass_kernel<T, DP><<<static_cast<unsigned>(kv_ctas + q_ctas), kOPThreads, kChunkElems * 2, stream>>>(
       p, chunks, static_cast<int>(kv_ctas), static_cast<int>(per_warp));
@@ -747,7 +785,7 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
   const int64_t k_ctas = bhk * (p.nk_pad / kAttnBlockK);
   const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kWarps - 1) / kWarps;
-  const int64_t q_ctas = (q_units(p) + kWarps - 1) / kWarps;
+  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
   if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
   if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
 #if defined(SAGE_SM90)

@@ -1,4 +1,5 @@
-// Times the Hopper attention kernel alone, without torch or the quantization: random int8 Q
+// Times the Hopper attention kernel alone, without torch or the quantization (with the tile
+// counter where the op would use one, zeroed before each launch): random int8 Q
 // and K, e4m3 V^T and scales in the layouts quant_qkv writes, then the median of N launches.
 // For kernel experiments (build variants with -D flags and compare them in one device call):
 //
@@ -89,13 +90,22 @@ int main(int argc, char** argv) {
   p.batch = B, p.heads_q = H, p.heads_kv = H, p.nq = N, p.nk = N, p.nq_pad = nq_pad, p.nk_pad = nk_pad;
   p.causal = causal, p.accum = sage::PVAccum::kFp32Fp32;
 
+  // the dynamic schedule's counter, where the call would use one (zeroed before each launch)
+  const int ints = sage::attn_sm90_scratch_ints(p, D);
+  if (ints > 0) CHECK(cudaMalloc(&p.tile_counter, ints * sizeof(int)));
+  auto launch = [&]() {
+    if (ints > 0) CHECK(cudaMemsetAsync(p.tile_counter, 0, ints * sizeof(int)));
+    return sage::attn_sm90(p, D, nullptr);
+  };
+
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  CHECK(sage::attn_sm90(p, D, nullptr));  // warm-up
+  CHECK(launch());  // warm-up
   CHECK(cudaDeviceSynchronize());
   std::vector<float> ms(iters);
   for (int i = 0; i < iters; ++i) {
+    if (ints > 0) CHECK(cudaMemsetAsync(p.tile_counter, 0, ints * sizeof(int)));
     CHECK(cudaEventRecord(e0));
     CHECK(sage::attn_sm90(p, D, nullptr));
     CHECK(cudaEventRecord(e1));

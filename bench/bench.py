@@ -7,8 +7,14 @@
 
 TOPS = 4*B*H*N^2*D (halved when causal) over the median time of the whole call, quantization
 included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. Each backend's time
-is the median of ``--repeats`` do_bench medians. Writes JSON, a Markdown table and a PNG
-plot into bench/results/ (name: date, GPU, commit).
+is the median of ``--repeats`` do_bench medians. The repeats go round the backends, the
+first backend of each round rotating (``--order rotate``, the default), so that every
+backend runs as often right after the others as they do after it: the H100 runs these
+kernels at its power cap and clocks down as it warms, so a backend always timed last, right
+after the others, measured up to 5 % lower than from a cool start (bench/NOTES.md).
+``--order fixed`` times each backend's repeats back to back in the given order, as runs
+before 2026-11-23 did. Writes JSON, a Markdown table and a PNG plot into bench/results/
+(name: date, GPU, commit).
 """
 
 from __future__ import annotations
@@ -67,12 +73,19 @@ def backends(selected=None):
     return table
 
 
-def time_ms(fn, repeats: int) -> float:
+def time_ms(fn) -> float:
+    """One do_bench median (ms)."""
     from triton.testing import do_bench
 
-    fn()
-    torch.cuda.synchronize()
-    return statistics.median(do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(repeats))
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def rounds(names, repeats: int, order: str):
+    """The backends in the order they are timed: `repeats` rounds over all of them, round r
+    starting at backend r mod len(names) (rotate), or each backend's repeats back to back."""
+    if order == "fixed":
+        return [n for n in names for _ in range(repeats)]
+    return [names[(r + i) % len(names)] for r in range(repeats) for i in range(len(names))]
 
 
 def commit() -> str:
@@ -85,7 +98,7 @@ def commit() -> str:
         return "unknown"
 
 
-def run(ns, ds, causals, names, repeats, heads=32, batch=4):
+def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate"):
     rows = []
     table = backends(names)
     for d in ds:
@@ -94,14 +107,22 @@ def run(ns, ds, causals, names, repeats, heads=32, batch=4):
                 b = 1 if n >= 32768 else batch
                 q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 ops = 4 * b * heads * n * n * d / (2 if causal else 1)
-                for name, fn in table.items():
+                times = {}
+                for name in table:  # first call (compilation, planning) outside the timing
                     try:
-                        ms = time_ms(lambda: fn(q, k, v, causal), repeats)
-                        tops = ops / (ms * 1e-3) / 1e12
+                        table[name](q, k, v, causal)
+                        times[name] = []
                     except Exception as exc:  # a backend SDPA cannot run here: record why
-                        ms, tops = None, None
                         print(f"  {name} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
-                    rows.append(dict(d=d, causal=causal, n=n, b=b, h=heads, backend=name, ms=ms, tops=tops))
+                torch.cuda.synchronize()
+                for name in rounds([x for x in table if x in times], repeats, order):
+                    fn = table[name]
+                    times[name].append(time_ms(lambda: fn(q, k, v, causal)))
+                for name in table:
+                    ms = statistics.median(times[name]) if times.get(name) else None
+                    tops = ops / (ms * 1e-3) / 1e12 if ms else None
+                    rows.append(dict(d=d, causal=causal, n=n, b=b, h=heads, backend=name, ms=ms, tops=tops,
+                                     repeats_ms=times.get(name)))
                     print(f"D={d:<4} causal={int(causal)} N={n:<6} {name:<11} "
                           + (f"{tops:7.1f} TOPS  {ms:8.3f} ms" if tops else "   n/a"), flush=True)
                 del q, k, v
@@ -155,6 +176,8 @@ def main(argv=None):
     ap.add_argument("--causal-only", action="store_true")
     ap.add_argument("--backends", nargs="*", help="subset of backend names")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--order", choices=["rotate", "fixed"], default="rotate",
+                    help="rounds over the backends with a rotating start (default), or each backend's repeats in a row")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--tag", default="", help="extra word in the output file names")
     ap.add_argument("--replot", metavar="JSON", help="only draw the PNG of a recorded run, next to its JSON (no GPU)")
@@ -168,7 +191,7 @@ def main(argv=None):
         sys.exit("bench.py needs a CUDA GPU")
     ns = args.n or ([1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768])
     causals = [True] if args.causal_only else [False] if args.no_causal else [False, True]
-    rows = run(ns, args.d, causals, args.backends, args.repeats)
+    rows = run(ns, args.d, causals, args.backends, args.repeats, order=args.order)
     names = list(dict.fromkeys(r["backend"] for r in rows))
     dev = torch.cuda.get_device_name()
     meta = {
@@ -179,6 +202,7 @@ def main(argv=None):
         "cuda": torch.version.cuda,
         "triton": __import__("triton").__version__,
         "command": "python bench/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "order": args.order,
         "dispatch": sa.dispatch.choose(torch.device("cuda")).backend,
     }
     out = Path(args.out)
@@ -186,7 +210,8 @@ def main(argv=None):
     stem = "-".join(filter(None, [meta["date"][:10], dev.replace(" ", "_").replace("/", "_"), meta["commit"], args.tag]))
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = (f"# {dev}, {meta['date']}, commit {meta['commit']}\n\n"
-          f"torch {meta['torch']}, CUDA {meta['cuda']}, triton {meta['triton']}; sageattn -> {meta['dispatch']}\n\n"
+          f"torch {meta['torch']}, CUDA {meta['cuda']}, triton {meta['triton']}; sageattn -> {meta['dispatch']}; "
+          f"timing order: {meta['order']}\n\n"
           f"Command: `{meta['command']}`\n\nTOPS, end to end (quantization included), bf16, B=4, H=32 (B=1 at N=32768):\n\n"
           + markdown(rows, names))
     (out / f"{stem}.md").write_text(md)

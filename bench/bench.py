@@ -8,12 +8,11 @@
 TOPS = 4*B*H*N^2*D (halved when causal) over the median time of the whole call, quantization
 included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. Each backend's time
 is the median of ``--repeats`` do_bench medians. The repeats go round the backends, the
-first backend of each round rotating (``--order rotate``, the default), so that every
-backend runs as often right after the others as they do after it: the H100 runs these
-kernels at its power cap and clocks down as it warms, so a backend always timed last, right
-after the others, measured up to 5 % lower than from a cool start (bench/NOTES.md).
-``--order fixed`` times each backend's repeats back to back in the given order, as runs
-before 2026-11-23 did. Writes JSON, a Markdown table and a PNG plot into bench/results/
+first backend of each round rotating (``--order rotate``, the default), so that no backend
+is always timed right after the others: the H100 runs these kernels at its power cap and
+clocks down as it warms. (Measured on one H100, the order moved the numbers less than
+run-to-run noise; bench/NOTES.md.) ``--order fixed`` times each backend's repeats back to
+back in the given order, as runs before 2026-11-23 did. Writes JSON, a Markdown table and a PNG plot into bench/results/
 (name: date, GPU, commit).
 """
 

@@ -158,7 +158,17 @@ cmdclass = {"build_py": build_info_command(info)}
 if ext_modules:
     from torch.utils import cpp_extension
 
-    cmdclass["build_ext"] = cpp_extension.BuildExtension.with_options(use_ninja=True)
+    class BuildExtensionChecked(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+        """torch's BuildExtension, then a check of how each extension links libstdc++."""
+
+        def build_extension(self, ext):
+            super().build_extension(ext)
+            if sys.platform.startswith("linux"):
+                error = build_env.static_libstdcxx_error(self.get_ext_fullpath(ext.name))
+                if error:
+                    raise RuntimeError(error)
+
+    cmdclass["build_ext"] = BuildExtensionChecked
     major, minor = info["torch"].split(".")[:2]
     requires = [f"torch=={major}.{minor}.*"] + RUNTIME_DEPS  # the C++ ABI ties a build to one torch minor
 else:

@@ -10,12 +10,16 @@ environment always wins, so a maintainer can override any of them.
 - SAGEATTN_COMPILER_CACHE = auto (default) | sccache | off: with sccache on the PATH, nvcc
   (PYTORCH_NVCC) and, on Linux, the host compiler (CXX, a wrapper script) run through it;
   SCCACHE_DIR is the cache.
+- After each extension is linked (Linux), ``static_libstdcxx_error`` checks that it loads the
+  shared libstdc++: a toolchain that finds only libstdc++.a links a private copy of the C++
+  library, and the first error message that formats a number then crashes the process.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Dict, MutableMapping, Optional
@@ -103,3 +107,30 @@ def configure(env: MutableMapping[str, str] = os.environ, platform: Optional[str
     new.update(compiler_cache(env, cuda_home, platform))
     env.update(new)
     return new
+
+
+def static_libstdcxx_error(so_path: str, readelf: Optional[str] = None) -> Optional[str]:
+    """Why the linked extension ``so_path`` must not be used, or None when it is fine (or when
+    ``readelf`` is not there to tell).
+
+    Every extension here is C++ and shares std:: objects with torch's libraries, which load
+    the system's libstdc++.so.6. A compiler that finds only libstdc++.a (no libstdc++.so in
+    its search path; seen with a relocated gcc whose bundle lacks the development symlink)
+    links a private copy instead. Its std::locale facet ids then disagree with the shared
+    library's, and writing a number into a stream (every TORCH_CHECK message that formats one)
+    calls a wrong facet: a segmentation fault where the user should see an error.
+    """
+    readelf = readelf or shutil.which("readelf")
+    if not readelf:
+        return None
+    out = subprocess.run([readelf, "-d", so_path], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    needed = [line.split("[", 1)[1].rstrip("]") for line in out.stdout.splitlines() if "(NEEDED)" in line and "[" in line]
+    if any(n.startswith("libstdc++.so") for n in needed):
+        return None
+    return (f"{os.path.basename(so_path)} was linked with a static copy of libstdc++ (its shared libraries: "
+            f"{', '.join(needed) or 'none'}): it would crash on the first error message that formats a number. "
+            "The C++ compiler found only libstdc++.a. Install the libstdc++ development files (e.g. "
+            "libstdc++-13-dev), or put a directory holding a libstdc++.so symlink to the system's "
+            "libstdc++.so.6 in LDFLAGS (-L<dir>), and rebuild")

@@ -207,6 +207,22 @@ def test_opcheck(backend):
                                     0.125, torch.float16), **kw)
 
 
+@pytest.mark.parametrize("backend", ALL)
+def test_op_errors_raise_with_the_value(backend):
+    """A bad argument to an op raises RuntimeError naming the value given (not a crash: the
+    messages format numbers, which an extension linked with a private libstdc++ crashes on;
+    setup.py refuses such a link)."""
+    _, ext = _need(backend)
+    op = _cuda.ops(ext)
+    x = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="groups must be 1, 4 or 8, got 3"):
+        op.quant_int8(x, None, None, 1.0, 64, 3, 64, 64)
+    with pytest.raises(RuntimeError, match="n_pad=32 d_pad=64 block_rows=64"):
+        op.quant_int8(x, None, None, 1.0, 64, 1, 32, 64)
+    with pytest.raises(RuntimeError, match="must be float16 or bfloat16, got Float"):
+        op.quant_int8(x.float(), None, None, 1.0, 64, 1, 64, 64)
+
+
 def test_bf16_v_beyond_fp16_range_stays_finite():
     """fp32 accumulation keeps bf16 V in bf16: |V| = 1e6 must not overflow (fp16 would)."""
     fn, _ = _need(FP16)

@@ -262,6 +262,25 @@ def test_configure_inside_cibuildwheel_takes_the_row(monkeypatch):
     assert new == {"CUDA_HOME": "/usr/local/cuda"}  # what the caller set wins
 
 
+def test_static_libstdcxx_is_caught(tmp_path):
+    """A C++ library linked with libstdc++.a is refused (it crashes beside torch on number
+    formatting); the same source linked normally passes."""
+    cxx, readelf = shutil.which("g++"), shutil.which("readelf")
+    if not cxx or not readelf:
+        pytest.skip(f"needs g++ and readelf on the PATH (g++: {cxx}, readelf: {readelf})")
+    src = tmp_path / "num.cpp"
+    src.write_text('#include <sstream>\n#include <string>\n'
+                   'std::string num(long x) { std::ostringstream s; s << x; return s.str(); }\n')
+    built = {}
+    for name, extra in (("shared", []), ("static", ["-static-libstdc++"])):
+        built[name] = str(tmp_path / f"lib{name}.so")
+        subprocess.run([cxx, "-shared", "-fPIC", "-O1", str(src), "-o", built[name]] + extra, check=True)
+    assert build_env.static_libstdcxx_error(built["shared"]) is None
+    error = build_env.static_libstdcxx_error(built["static"])
+    assert error is not None and "libstatic.so" in error and "static copy of libstdc++" in error
+    assert "libc.so.6" in error  # names what it does load
+
+
 # --- repair hook ---------------------------------------------------------------------------
 
 def test_repair_command_linux_excludes_torch_and_cuda():

@@ -164,8 +164,10 @@ if ext_modules:
         def build_extension(self, ext):
             super().build_extension(ext)
             if sys.platform.startswith("linux"):
-                error = build_env.static_libstdcxx_error(self.get_ext_fullpath(ext.name))
+                path = self.get_ext_fullpath(ext.name)
+                error = build_env.static_libstdcxx_error(path)
                 if error:
+                    os.remove(path)  # not left "up to date": the next build links it again
                     raise RuntimeError(error)
 
     cmdclass["build_ext"] = BuildExtensionChecked

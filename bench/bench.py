@@ -12,8 +12,8 @@ first backend of each round rotating (``--order rotate``, the default), so that 
 is always timed right after the others: the H100 runs these kernels at its power cap and
 clocks down as it warms. (Measured on one H100, the order moved the numbers less than
 run-to-run noise; bench/NOTES.md.) ``--order fixed`` times each backend's repeats back to
-back in the given order, as runs before 2026-11-23 did. Writes JSON, a Markdown table and a PNG plot into bench/results/
-(name: date, GPU, commit).
+back in the given order, as runs before 2026-11-23 did. Writes JSON, a Markdown table and a
+PNG plot into bench/results/ (name: date, GPU, commit).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process
   const int forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
   const int64_t tiles = sm90_tiles(p, 64 * sm90_consumers(p, head_dim));
-  const int grid = sm90_grid(tiles);  // the launch's grid: one channel pair per CTA
+  const int grid = sm90_grid(tiles);  // the launch's grid (each CTA gets two tile-index slots below)
   // causal tiles differ in length; equal tiles take a fixed stride, and one tile per CTA
   // needs no balancing
   const bool counter = forced >= 0 ? forced == 1 : p.causal && tiles > grid;

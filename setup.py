@@ -164,6 +164,12 @@ if ext_modules:
         def build_extension(self, ext):
             super().build_extension(ext)
             if sys.platform.startswith("linux"):
+                if not build_env.readelf_available():
+                    if not getattr(self, "_warned_readelf", False):
+                        self._warned_readelf = True
+                        print("warning: readelf not found (binutils): the check that each extension links the "
+                              "shared libstdc++ is skipped", file=sys.stderr)
+                    return
                 path = self.get_ext_fullpath(ext.name)
                 error = build_env.static_libstdcxx_error(path)
                 if error:

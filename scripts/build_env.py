@@ -109,6 +109,11 @@ def configure(env: MutableMapping[str, str] = os.environ, platform: Optional[str
     return new
 
 
+def readelf_available() -> bool:
+    """Whether binutils' readelf is on the PATH (static_libstdcxx_error needs it)."""
+    return shutil.which("readelf") is not None
+
+
 def static_libstdcxx_error(so_path: str, readelf: Optional[str] = None) -> Optional[str]:
     """Why the linked extension ``so_path`` must not be used, or None when it is fine (or when
     ``readelf`` is not there to tell).

@@ -31,13 +31,16 @@ def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0
     return out
 
 
-HOSTILE = ["k_bias", "zero_blocks", "all_zero", "constant_v_channel", "huge_v", "huge_q"]
+HOSTILE = ["k_bias", "zero_blocks", "all_zero", "constant_v_channel", "huge_v", "huge_q", "sink"]
 
 
 def hostile_qkv(kind, n, d, dtype, device, heads=2):
     """Inputs that break naive quantization: a huge per-channel K bias, all-zero blocks,
     all zeros, a constant V channel, |V| beyond fp16's range (bf16; fp16 gets its largest
-    values), an extremely peaked softmax."""
+    values), an extremely peaked softmax, an attention sink (key 0 scores ~8 above the
+    rest in every row, which then spread their weight thinly over all other keys: a P.V
+    format that flushes small weights, such as an 8-bit integer P, fails here; see
+    bench/pv_formats.py)."""
     q, k, v = make_qkv(1, heads, heads, n, n, d, torch.float32, "HND", "cpu")
     if kind == "k_bias":
         k = k + 50.0 * torch.randn(d)
@@ -53,6 +56,9 @@ def hostile_qkv(kind, n, d, dtype, device, heads=2):
         v = v * 1e6 if dtype == torch.bfloat16 else v / v.abs().max() * 65000
     elif kind == "huge_q":
         q = q * 300.0
+    elif kind == "sink":
+        q[..., 0] = 3.0
+        k[..., 0, 0] = 8.0 * d**0.5 / 3.0
     else:
         raise ValueError(kind)
     return [t.to(dtype).to(device) for t in (q, k, v)]

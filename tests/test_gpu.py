@@ -222,7 +222,12 @@ def test_hostile_large(fn, dtype, kind):
         if kind == "all_zero":
             assert (o == 0).all()
         elif kind != "huge_q":
-            assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), f"{fn} {kind}", **_fp32_bars(fn, q.device))
+            # sink: key 0's score error from INT8 Q and K (its own channels quantized with the
+            # step of its outlier channel) weighs with its third of the row; the reference models
+            # 0.99935 / 0.031 at 16-bit P.V and 0.99899 / 0.039 for the fp8 kernels (CPU), so the
+            # fp8 bars hold for all. An 8-bit integer P would give ~0.986 / 0.69 (pv_formats.py).
+            bars = FP8_VS_FP32 if kind == "sink" else _fp32_bars(fn, q.device)
+            assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), f"{fn} {kind}", **bars)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

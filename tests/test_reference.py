@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import make_qkv
+from helpers import hostile_qkv, make_qkv
 from sageattention.reference import (
     FP8_E4M3_MAX,
     QuantConfig,
@@ -224,6 +224,27 @@ def test_row_sums_of_the_rounded_p():
     exact_sums = attention_quantized(q, k, v, cfg=cfg.with_(l_from_pv=True))
     assert (exact_sums - 0.75).abs().max() < 1e-6
     assert (attention_quantized(q, k, v, cfg=cfg) - 0.75).abs().max() > 1e-4
+
+
+def test_fp8_pv_keeps_a_sinks_thin_tail():
+    """An attention sink: key 0 takes a large share of every row, the rest is spread thinly
+    over the other keys. P scaled into e4m3 keeps those small weights (and the Hopper
+    kernel's pipeline stays within the fp8 bars); an 8-bit integer P with the same scale
+    step flushes most of them and misses the tail's share of the output."""
+    q, k, v = hostile_qkv("sink", 1024, 128, torch.bfloat16, "cpu")
+    exact = attention_exact(q, k, v)
+    cfg = QuantConfig(qk_gran="per_thread", pv="fp8", pv_accum="fp32+fp32", block_n=128, l_from_pv=True)
+    m = error_metrics(attention_quantized(q, k, v, cfg=cfg), exact)
+    assert m["cos"] >= 0.998 and m["rel_l1"] <= 0.06, m
+    # the same exact P with an integer code of 1/255 per step, on the same inputs
+    qd, kd, vd = (t.double() for t in (q, k, v))
+    s = qd @ kd.transpose(-1, -2) / math.sqrt(128)
+    p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    tail = 1 - p[..., 0] / p.sum(dim=-1)
+    assert tail.mean() > 0.3, tail.mean()  # the tail carries weight
+    pu8 = torch.round(p * 255) / 255
+    mi = error_metrics((pu8 @ vd) / pu8.sum(dim=-1, keepdim=True), exact.double())
+    assert mi["rel_l1"] > 3 * m["rel_l1"], (mi, m)
 
 
 def test_empty_rows_give_zero_not_nan():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import sageattention as sa
-from helpers import FP8_BACKENDS, cuda_defaults, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
+from helpers import FP8_BACKENDS, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, _ops, dispatch
 from sageattention.reference import AMAX_EPS, attention_quantized
 
@@ -49,6 +49,24 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
     assert_close_to_reference(o, ro, dtype, f"{backend} {accum} {gran}", fp8=fp8)
     assert_lse_close_to_reference(lse, rl)
     assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), backend, **(FP8_BARS if fp8 else {}))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("backend", ALL)
+def test_sink_against_reference(backend, d, causal):
+    """An attention sink (tests/helpers.py): P spans from 1 down to the thin tail of every
+    row, so the e4m3 P of the fp8 kernels reaches its small and subnormal codes, and the
+    sink key's outlier channel sets its K block's INT8 step. The kernels must still follow
+    the reference's rounding (1000 keys: a partial last tile)."""
+    fn, ext = _need(backend)
+    q, k, v = hostile_qkv("sink", 1000, d, torch.bfloat16, "cuda", heads=4)
+    opts = cuda_defaults(backend)
+    o, lse = fn(q, k, v, is_causal=causal, return_lse=True)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d)
+    ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"{backend} sink", fp8=backend in FP8_BACKENDS)
+    assert_lse_close_to_reference(lse, rl)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

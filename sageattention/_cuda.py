@@ -15,6 +15,9 @@ from ._ops import ops, register_family, require
 LOG2E = 1.4426950408889634
 BLOCK_Q, WARP_Q, BLOCK_K = 128, 16, 64  # csrc/kernels/launch.h
 SM90_BLOCK_K = 128  # keys per tile of the Hopper kernel (kSm90BlockK): its online-softmax block
+# bits kept below the leading one when wgmma's e4m3 PV product-sum adds 32 products to its
+# accumulator (measured on an H100: reference.mma_truncated, bench/NOTES.md)
+SM90_MMA_BITS = 13
 FP8_MAX = 448.0
 # fp32+fp16: 448 (|P|) * 2.25 (|V|) * 64 (keys per block) = 64512 < 65504, the fp16 maximum
 V_MAX_FP16_ACCUM = 2.25
@@ -167,4 +170,5 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
         l_from_pv=module == SM90,
+        mma_bits=SM90_MMA_BITS if module == SM90 else None,
     )

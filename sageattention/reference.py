@@ -18,7 +18,8 @@ Pipeline (SageAttention 2 style):
 5. PV: ``P`` rounded to the PV operand type (fp16, bf16, or fp8 e4m3 after scaling into
    [0, 448]); V in fp16/bf16 or fp8 e4m3 per channel; the per-block product is accumulated
    either straight into fp32 or first in a per-block fp16 accumulator that is then added to
-   the fp32 one ("two-level accumulation").
+   the fp32 one ("two-level accumulation"). The Hopper kernel's FP8 block products are summed
+   as its tensor cores sum them, dropping low bits (``mma_bits``, :func:`mma_truncated`).
 6. ``O = acc / l`` (times the per-channel V scale for fp8 V, plus the V mean if V was
    smoothed); ``lse = (m + log2 l) * ln 2 + sm_scale * q . km``.
 """
@@ -69,6 +70,11 @@ class QuantConfig:
     # row sums l of the rounded P that the PV product multiplies (the sm90 kernel reads them
     # off its tensor cores, a column of ones next to V) instead of the unrounded P
     l_from_pv: bool = False
+    # the tensor cores' FP8 product-sum, when not None: each instruction adds ``mma_k``
+    # products to its accumulator keeping ``mma_bits`` bits below the leading bit of the
+    # largest of them (see :func:`mma_truncated`); None sums the products exactly
+    mma_bits: Optional[int] = None
+    mma_k: int = 32
 
     def __post_init__(self):
         for name in ("qk_gran", "q_gran", "k_gran"):
@@ -79,7 +85,9 @@ class QuantConfig:
             raise ValueError(f"pv must be one of {PV_TYPES}, got {self.pv!r}")
         if self.pv_accum not in PV_ACCUMS:
             raise ValueError(f"pv_accum must be one of {PV_ACCUMS}, got {self.pv_accum!r}")
-        for name in ("blk_q", "blk_k", "warp_q", "warp_k", "block_n"):
+        if self.mma_bits is not None and self.pv != "fp8":
+            raise ValueError("mma_bits models the FP8 tensor-core product-sum; it needs pv='fp8'")
+        for name in ("blk_q", "blk_k", "warp_q", "warp_k", "block_n", "mma_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.blk_q % self.warp_q or self.blk_k % self.warp_k:
@@ -205,6 +213,41 @@ def quantize_v_fp8(
     amax = v.abs().amax(dim=-2).clamp_min(AMAX_EPS)  # [..., D]
     vq = round_to(v * (scale_max / amax).unsqueeze(-2), "fp8")
     return vq, amax / scale_max, vm
+
+
+def mma_truncated(a: torch.Tensor, b: torch.Tensor, bits: int, k: int = 32) -> torch.Tensor:
+    """``a @ b`` (``a [..., R, K]``, ``b [..., K, C]``, FP8 values) summed the way Hopper's FP8
+    tensor cores (wgmma e4m3) were measured to sum it: K is taken ``k`` at a time, one
+    instruction each, into an accumulator that starts at zero; an instruction aligns the
+    accumulator and its ``k`` products to the exponent of the largest of them, drops every
+    bit more than ``bits`` below that leading bit (toward zero) and adds the rest exactly.
+
+    On an H100 ``bits=13`` predicted the sm90 kernel's LSE on attention-sink rows (a P of 448
+    in a block of P values near 1) to within fp32 rounding, and 12, 14 or rounding toward
+    -inf did not (bench/NOTES.md, "FP8 tensor-core sums"); DeepSeek-V3's report gives "around
+    14 bits" for the same hardware. Returns float64.
+
+    Runs in fp32, exactly: the operands must be fp32-exact (FP8 values and their products
+    are), and every kept term is a multiple of the unit 2**(E - bits) below 2**(E + 1), so a
+    sum of ``k + 1`` of them needs ``bits + 1 + ceil(log2(k + 1))`` bits (20 for 13 and 32),
+    within fp32's 24.
+    """
+    if bits + 1 + k.bit_length() > 24:
+        raise ValueError(f"bits={bits} with k={k} would not sum exactly in fp32")
+    a32, b32 = a.float(), b.float()
+    acc = torch.zeros(a.shape[:-1] + (b.shape[-1],), dtype=torch.float32, device=a.device)
+    # rows at a time, so that the [rows, k, C] products stay near 2**24 elements
+    step = max(1, (1 << 24) // max(1, k * b.shape[-1]))
+    for r0 in range(0, a.shape[-2], step):
+        ar, accr = a32[..., r0 : r0 + step, :], acc[..., r0 : r0 + step, :]
+        for j0 in range(0, a.shape[-1], k):
+            prod = ar[..., :, j0 : j0 + k, None] * b32[..., None, j0 : j0 + k, :]  # [..., R, k, C]
+            top = torch.maximum(prod.abs().amax(dim=-2), accr.abs())
+            # unit of the last kept bit; fmod is exact and keeps the sign: x - fmod truncates
+            unit = torch.exp2((torch.frexp(top).exponent - 1 - bits).clamp_min(-149).float())
+            accr = (accr - torch.fmod(accr, unit)) + (prod - torch.fmod(prod, unit.unsqueeze(-2))).sum(dim=-2)
+        acc[..., r0 : r0 + step, :] = accr
+    return acc.double()
 
 
 # --------------------------------------------------------------------------------------
@@ -343,9 +386,23 @@ def attention_quantized(
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp2(mc - m_safe)
             p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
-            pr = round_to(p * cfg.p_scale, "fp8") / cfg.p_scale if cfg.pv == "fp8" else round_to(p, cfg.pv)
-            lc = lc * alpha + (pr if cfg.l_from_pv else p).sum(dim=-1)
-            blk = torch.matmul(pr, vop[..., j0 : j0 + cfg.block_n, :].to(f64))
+            if cfg.pv == "fp8":
+                ps = round_to(p * cfg.p_scale, "fp8")  # the e4m3 operand, P scaled into range
+                pr = ps / cfg.p_scale
+            else:
+                pr = round_to(p, cfg.pv)
+            vb = vop[..., j0 : j0 + cfg.block_n, :].to(f64)
+            if cfg.mma_bits is None:
+                blk = torch.matmul(pr, vb)
+                lb = (pr if cfg.l_from_pv else p).sum(dim=-1)
+            else:
+                # the product-sum of the e4m3 operands themselves (P scaled by p_scale): the
+                # truncation depends on their exponents; the l column multiplies P by ones
+                ones = torch.ones(vb.shape[:-1] + (1,), dtype=f64, device=vb.device)
+                both = mma_truncated(ps, torch.cat([vb, ones], dim=-1), cfg.mma_bits, cfg.mma_k)
+                blk, lpv = both[..., :-1] / cfg.p_scale, both[..., -1] / cfg.p_scale
+                lb = lpv if cfg.l_from_pv else p.sum(dim=-1)
+            lc = lc * alpha + lb
             if block_acc is not None:
                 # per-block accumulator of limited range: the kernel sums p_scaled * v there
                 scaled = blk * (cfg.p_scale if cfg.pv == "fp8" else 1.0)

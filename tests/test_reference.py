@@ -17,6 +17,7 @@ from sageattention.reference import (
     attention_quantized,
     error_metrics,
     int8_groups,
+    mma_truncated,
     quantize_int8,
     quantize_v_fp8,
     round_half_away,
@@ -245,6 +246,69 @@ def test_fp8_pv_keeps_a_sinks_thin_tail():
     pu8 = torch.round(p * 255) / 255
     mi = error_metrics((pu8 @ vd) / pu8.sum(dim=-1, keepdim=True), exact.double())
     assert mi["rel_l1"] > 3 * m["rel_l1"], (mi, m)
+
+
+def test_mma_truncated_by_hand():
+    """The model of wgmma's FP8 sums (13 bits below the largest term's leading bit, 32
+    products an instruction, toward zero), on sums worked out by hand."""
+    ones = torch.ones(64, 1, dtype=torch.float64)
+    a = torch.zeros(1, 64, dtype=torch.float64)
+    # one instruction: 448 (leading bit 2**8, kept unit 2**-5) and 31 weights of 2**-6
+    a[0, 0], a[0, 1:32] = 448.0, 2.0**-6
+    assert mma_truncated(a, ones, 13).item() == 448.0  # each 2**-6 is below the unit
+    assert torch.matmul(a, ones).item() == 448.0 + 31 * 2.0**-6
+    # 3 * 2**-6 keeps its 2**-5 bit and drops its 2**-6 bit, toward zero for either sign
+    a[0, 1:32] = 3 * 2.0**-6
+    assert mma_truncated(a, ones, 13).item() == 448.0 + 31 * 2.0**-5
+    assert mma_truncated(-a, ones, 13).item() == -(448.0 + 31 * 2.0**-5)
+    # the accumulator is truncated too when the next instruction brings a larger product:
+    # 3 * 2**-6 carried from the first 32 products, 448 in the second 32
+    a.zero_()
+    a[0, 5], a[0, 40] = 3 * 2.0**-6, 448.0
+    assert mma_truncated(a, ones, 13).item() == 448.0 + 2.0**-5
+    # the same two in one instruction of 64 products: the same truncation
+    assert mma_truncated(a, ones, 13, k=64).item() == 448.0 + 2.0**-5
+    # with room enough every term is kept: the exact product
+    assert mma_truncated(a, ones, 17).item() == 448.0 + 3 * 2.0**-6
+
+
+def test_mma_truncated_matches_matmul_where_it_must():
+    """Random e4m3 operands: each output is within one kept unit per term and instruction of
+    the exact product and does lose bits; sums of equal powers of two lose nothing; a model
+    that would keep more bits than fp32 sums exactly is refused."""
+    g = torch.Generator().manual_seed(5)
+    p = round_to(torch.rand(2, 40, 96, generator=g, dtype=torch.float64) * 448, "fp8")
+    v = round_to(torch.randn(2, 96, 24, generator=g, dtype=torch.float64) * 4, "fp8")
+    exact, model = p @ v, mma_truncated(p, v, 13)
+    # |accumulator| and every product stay below sum |p v|, so a unit is below it * 2**-13;
+    # 3 instructions of 33 terms (the accumulator and 32 products) each lose < 1 unit
+    bound = 3 * 33 * (p.abs() @ v.abs()) * 2.0**-13
+    assert ((exact - model).abs() < bound).all()
+    assert (exact - model).abs().max() > 0
+    assert torch.equal(mma_truncated(torch.full((3, 64), 448.0, dtype=torch.float64), torch.ones(64, 2, dtype=torch.float64), 13),
+                       torch.full((3, 2), 448.0 * 64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="bits=20"):
+        mma_truncated(p, v, 20)
+
+
+def test_sink_sums_of_the_tensor_cores_lower_the_lse():
+    """The sm90 kernel's P sums on a sink row: the sink's P of 448 sets the unit the other
+    weights of its block are truncated to, so modelled sums (mma_bits=13) are smaller than
+    exact ones; measured on an H100 the kernel's LSE is lower than the exact-sum model's by
+    up to 0.004 on 1000-key sink rows (bench/NOTES.md). Without a sink the two agree far
+    more closely."""
+    cfg = QuantConfig(qk_gran="per_thread", pv="fp8", pv_accum="fp32+fp32", block_n=128, l_from_pv=True)
+    diffs = {}
+    for kind in ("sink", "k_bias"):
+        q, k, v = hostile_qkv(kind, 1000, 64, torch.bfloat16, "cpu") if kind == "sink" else \
+            make_qkv(1, 2, 2, 1000, 1000, 64, torch.bfloat16, k_bias=1.0, seed=2)
+        _, l_exact = attention_quantized(q, k, v, return_lse=True, cfg=cfg)
+        _, l_mma = attention_quantized(q, k, v, return_lse=True, cfg=cfg.with_(mma_bits=13))
+        diffs[kind] = l_mma - l_exact
+    assert (diffs["sink"] <= 1e-6).all() and 2e-3 < -diffs["sink"].min() < 1e-2, diffs["sink"].min()
+    assert diffs["k_bias"].abs().max() < 0.1 * diffs["sink"].abs().max(), diffs["k_bias"].abs().max()
+    with pytest.raises(ValueError, match="mma_bits"):
+        QuantConfig(pv="bf16", mma_bits=13)
 
 
 def test_empty_rows_give_zero_not_nan():

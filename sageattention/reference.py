@@ -222,10 +222,11 @@ def mma_truncated(a: torch.Tensor, b: torch.Tensor, bits: int, k: int = 32) -> t
     accumulator and its ``k`` products to the exponent of the largest of them, drops every
     bit more than ``bits`` below that leading bit (toward zero) and adds the rest exactly.
 
-    On an H100 ``bits=13`` predicted the sm90 kernel's LSE on attention-sink rows (a P of 448
-    in a block of P values near 1) to within fp32 rounding, and 12, 14 or rounding toward
-    -inf did not (bench/NOTES.md, "FP8 tensor-core sums"); DeepSeek-V3's report gives "around
-    14 bits" for the same hardware. Returns float64.
+    On an H100, ``bits=13`` predicted how far the sm90 kernel's LSE falls below exact sums on
+    attention-sink rows (a P of 448 in a block of P values near 1: up to 0.004, on the same
+    rows), and with it the kernel follows the reference to 1e-3 on every row; 12, 14 or
+    dropping bits toward -inf fit worse (bench/NOTES.md, "FP8 tensor-core sums").
+    DeepSeek-V3's report gives "around 14 bits" for the same hardware. Returns float64.
 
     Runs in fp32, exactly: the operands must be fp32-exact (FP8 values and their products
     are), and every kept term is a multiple of the unit 2**(E - bits) below 2**(E + 1), so a

@@ -57,8 +57,10 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
 def test_sink_against_reference(backend, d, causal):
     """An attention sink (tests/helpers.py): P spans from 1 down to the thin tail of every
     row, so the e4m3 P of the fp8 kernels reaches its small and subnormal codes, and the
-    sink key's outlier channel sets its K block's INT8 step. The kernels must still follow
-    the reference's rounding (1000 keys: a partial last tile)."""
+    sink key's outlier channel sets its K block's INT8 step; on the Hopper kernel the sink's P
+    of 448 also sets the unit its tensor cores truncate the rest of its block's sums to
+    (QuantConfig.mma_bits: without that model its LSE is up to 0.004 low). The kernels must
+    still follow the reference's rounding (1000 keys: a partial last tile)."""
     fn, ext = _need(backend)
     q, k, v = hostile_qkv("sink", 1000, d, torch.bfloat16, "cuda", heads=4)
     opts = cuda_defaults(backend)

@@ -13,7 +13,6 @@ bf16 inputs. Prints and writes Markdown tables (cosine similarity / relative L1)
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import sageattention as sa  # noqa: E402
-from bench import commit  # noqa: E402
+from bench import commit, record, utc_now  # noqa: E402
 from sageattention.reference import error_metrics  # noqa: E402
 
 
@@ -67,16 +66,13 @@ def main():
                 rows.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
         tables[sink] = "| D | causal | " + " | ".join(funcs) + " |\n|---|---|" + "---|" * len(funcs) + "\n" + "\n".join(rows)
     dev = torch.cuda.get_device_name()
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = utc_now()
     text = (f"# Accuracy vs fp32, {dev}, {date}, commit {commit()}\n\n"
             "Command: `python bench/accuracy.py`. B=1, H=8, N=4096, bf16, K bias 3 sigma; "
             "cosine / relative L1 against SDPA math in fp32.\n\n" + tables[False] + "\n\n"
             "The same inputs with an attention sink (key 0's scores ~8 higher, about a third of each "
             "row's weight):\n\n" + tables[True] + "\n")
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{date[:10]}-{dev.replace(' ', '_')}-{commit()}-accuracy.md").write_text(text)
+    record(text, args.out, date, dev, "accuracy")
 
 
 if __name__ == "__main__":

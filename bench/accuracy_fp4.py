@@ -13,7 +13,6 @@ Markdown table to bench/results.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import platform
 import sys
 import time
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench import commit  # noqa: E402  (bench/bench.py)
+from bench import commit, record, utc_now  # noqa: E402  (bench/bench.py)
 from sageattention.reference import error_metrics  # noqa: E402
 from sageattention3_blackwell import emulation  # noqa: E402
 
@@ -65,17 +64,13 @@ def main():
                 cells.append(f"{m['cos']:.5f} / {m['rel_l1']:.4f}")
             rows.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({platform.machine()}, torch {torch.__version__})"
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = utc_now()
     text = (f"# FP4 accuracy vs fp32, {name}, {date}, commit {commit()}\n\n"
             f"Command: `python bench/accuracy_fp4.py --device {dev.type}` ({time.time() - t0:.0f} s). "
             "B=1, H=8, N=4096, bf16, K bias 3 sigma; cosine / relative L1 against fp32 SDPA on the same inputs.\n\n"
             "| D | causal | " + " | ".join(funcs) + " |\n|---|---|" + "---|" * len(funcs) + "\n"
             + "\n".join(rows) + "\n")
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = name.split(" (")[0].replace(" ", "_")
-    (out / f"{date[:10]}-{tag}-{commit()}-fp4-accuracy.md").write_text(text)
+    record(text, args.out, date, name.split(" (")[0], "fp4-accuracy")
 
 
 if __name__ == "__main__":

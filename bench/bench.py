@@ -97,6 +97,21 @@ def commit() -> str:
         return "unknown"
 
 
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def record(text: str, out, date: str, device: str, what: str) -> Path:
+    """Print a Markdown result and write it as ``<out>/<day>-<device>-<commit>-<what>.md``,
+    the naming of bench/results/."""
+    print(text)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{date[:10]}-{device.replace(' ', '_').replace('/', '_')}-{commit()}-{what}.md"
+    path.write_text(text)
+    return path
+
+
 def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate"):
     rows = []
     table = backends(names)
@@ -195,7 +210,7 @@ def main(argv=None):
     dev = torch.cuda.get_device_name()
     meta = {
         "device": dev,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_now(),
         "commit": commit(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -14,7 +14,6 @@ The model that fits is the one the tests use (_cuda.SM90_MMA_BITS). Needs an sm9
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import sageattention as sa  # noqa: E402
-from bench import commit  # noqa: E402
+from bench import commit, record, utc_now  # noqa: E402
 from helpers import hostile_qkv, make_qkv  # noqa: E402
 from sageattention import _cuda  # noqa: E402
 from sageattention import reference as R  # noqa: E402
@@ -76,16 +75,13 @@ def main():
                 rows.append(f"| {kind} | {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     head = "| inputs | D | causal | " + " | ".join(n for n, _, _ in MODELS) + " |\n|---|---|---|" + "---|" * len(MODELS)
     dev = torch.cuda.get_device_name()
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = utc_now()
     text = (f"# FP8 tensor-core sums of the sm90 kernel, {dev}, {date}, commit {commit()}\n\n"
             "Command: `python bench/mma_bits.py`. The kernel against the reference with each model "
             "of its P·V block sums: cosine / relative L1 of the output / LSE rows off by > 1e-3 "
             "(of 4000). 4 heads, 1000 keys, bf16, default options (per_thread, fp32+fp32).\n\n"
             + head + "\n" + "\n".join(rows) + "\n")
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{date[:10]}-{dev.replace(' ', '_')}-{commit()}-mma-bits.md").write_text(text)
+    record(text, args.out, date, dev, "mma-bits")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Markdown table.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench import commit  # noqa: E402
+from bench import commit, record, utc_now  # noqa: E402
 from sageattention import _cuda  # noqa: E402
 from sageattention.reference import attention_quantized, error_metrics  # noqa: E402
 
@@ -102,15 +101,12 @@ def main():
         w0 = float((p[..., 0] / p.sum(dim=-1)).mean())
         rows.append(f"| {name} (key 0: {w0:.3f} of the weight) | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
-    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = utc_now()
     text = (f"# P.V operand formats against float64 attention (CPU), {date}, commit {commit()}\n\n"
             f"Command: `python bench/pv_formats.py --n {args.n} --heads {args.heads}`. D=128, bf16 inputs, "
             "cosine / relative L1. The bar of issue 4 is 0.9995 / 0.03.\n\n"
             "| input | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n" + "\n".join(rows) + "\n")
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{date[:10]}-CPU-{commit()}-pv-formats.md").write_text(text)
+    record(text, args.out, date, "CPU", "pv-formats")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ about a third of each row's weight and the rest is spread thinly over the others
 real models show; Gaussian inputs do not).
 
 For each input: the Hopper kernel's modelled pipeline (reference.attention_quantized with
-the sm90 configuration: INT8 Q/K, e4m3 P and V, row sums of the rounded P), then the PV
+the sm90 configuration: INT8 Q/K, e4m3 P and V, row sums of the rounded P, the tensor cores'
+truncating FP8 sums), then the PV
 product alone with exact scores (float64 softmax over whole rows, P relative to the row
 maximum) and P and V rounded to:
   - e4m3 P (scaled by 448) x e4m3 V (per-channel scale): the kernel's formats;

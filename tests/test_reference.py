@@ -275,7 +275,7 @@ def test_mma_truncated_by_hand():
 def test_mma_truncated_matches_matmul_where_it_must():
     """Random e4m3 operands: each output is within one kept unit per term and instruction of
     the exact product and does lose bits; sums of equal powers of two lose nothing; a model
-    that would keep more bits than fp32 sums exactly is refused."""
+    that would keep more bits than fp32 sums exactly, or of a non-FP8 P·V, is refused."""
     g = torch.Generator().manual_seed(5)
     p = round_to(torch.rand(2, 40, 96, generator=g, dtype=torch.float64) * 448, "fp8")
     v = round_to(torch.randn(2, 96, 24, generator=g, dtype=torch.float64) * 4, "fp8")
@@ -289,6 +289,8 @@ def test_mma_truncated_matches_matmul_where_it_must():
                        torch.full((3, 2), 448.0 * 64, dtype=torch.float64))
     with pytest.raises(ValueError, match="bits=20"):
         mma_truncated(p, v, 20)
+    with pytest.raises(ValueError, match="mma_bits"):
+        QuantConfig(pv="bf16", mma_bits=13)  # the model is of FP8 sums
 
 
 def test_sink_sums_of_the_tensor_cores_lower_the_lse():
@@ -307,8 +309,6 @@ def test_sink_sums_of_the_tensor_cores_lower_the_lse():
         diffs[kind] = l_mma - l_exact
     assert (diffs["sink"] <= 1e-6).all() and 2e-3 < -diffs["sink"].min() < 1e-2, diffs["sink"].min()
     assert diffs["k_bias"].abs().max() < 0.1 * diffs["sink"].abs().max(), diffs["k_bias"].abs().max()
-    with pytest.raises(ValueError, match="mma_bits"):
-        QuantConfig(pv="bf16", mma_bits=13)
 
 
 def test_empty_rows_give_zero_not_nan():

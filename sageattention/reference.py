@@ -7,8 +7,9 @@ against exact float64 attention.
 
 Pipeline (SageAttention 2 style):
 
-1. K smoothing: ``k - mean_over_tokens(k)`` per (batch, kv-head, channel). Exact for the
-   output, because ``q . km`` is constant along a softmax row; only the LSE needs
+1. K smoothing: ``k - km`` per (batch, kv-head, channel), ``km`` the mean over all tokens or
+   (``k_mean_rows``) over an evenly spaced sample of them. Exact for the output whatever
+   ``km`` is, because ``q . km`` is constant along a softmax row; only the LSE needs
    ``sm_scale * q . km`` added back.
 2. Q is multiplied by ``sm_scale * log2(e)`` (softmax in base 2), then Q and K are quantized
    to symmetric INT8 with one fp32 scale per group of tokens (see :func:`int8_groups`).
@@ -64,6 +65,9 @@ class QuantConfig:
     pv: str = "fp16"
     pv_accum: str = "fp32"
     smooth_k: bool = True
+    # K smoothed by the mean of k_mean_rows evenly spaced keys (k_sample_index), not of all
+    # of them, when not None (the fp8 kernels' quant_qkv)
+    k_mean_rows: Optional[int] = None
     smooth_v: bool = False
     v_scale_max: float = FP8_E4M3_MAX
     p_scale: float = FP8_E4M3_MAX
@@ -87,6 +91,8 @@ class QuantConfig:
             raise ValueError(f"pv_accum must be one of {PV_ACCUMS}, got {self.pv_accum!r}")
         if self.mma_bits is not None and self.pv != "fp8":
             raise ValueError("mma_bits models the FP8 tensor-core product-sum; it needs pv='fp8'")
+        if self.k_mean_rows is not None and self.k_mean_rows < 1:
+            raise ValueError(f"k_mean_rows must be None or >= 1, got {self.k_mean_rows}")
         for name in ("blk_q", "blk_k", "warp_q", "warp_k", "block_n", "mma_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -310,12 +316,21 @@ def attention_exact(
 # the quantized pipeline
 
 
+def k_sample_index(n: int, rows: int, device=None) -> torch.Tensor:
+    """The keys whose mean smooths K when ``k_mean_rows=rows``: ``min(n, rows)`` of them, key
+    ``(2i + 1) n // (2 S)`` for ``i < S = min(n, rows)`` (the middle of each of S equal
+    stretches), i.e. every key when ``n <= rows``."""
+    s = min(n, rows)
+    return ((2 * torch.arange(s, device=device) + 1) * n) // (2 * s)
+
+
 def quantize_qk(q_hnd, k_hnd, sm_scale: float, cfg: QuantConfig):
     """Steps 1-2 on [B, H, N, D] tensors. Returns (qq, qs, qg, kq, ks, kg, km)."""
     k32 = k_hnd.float()
     km = None
     if cfg.smooth_k:
-        km = k32.mean(dim=-2)  # [B, Hkv, D]
+        rows = k32 if cfg.k_mean_rows is None else k32[..., k_sample_index(k32.shape[-2], cfg.k_mean_rows, k32.device), :]
+        km = rows.mean(dim=-2)  # [B, Hkv, D]
         k32 = k32 - km.unsqueeze(-2)
     # the kernels receive sm_scale * log2(e) as an fp32 scalar: round it the same way
     q32 = q_hnd.float() * torch.tensor(sm_scale * LOG2E, dtype=torch.float32)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import sageattention as sa
 from helpers import FP8_BACKENDS, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, _ops, dispatch
-from sageattention.reference import AMAX_EPS, attention_quantized
+from sageattention.reference import AMAX_EPS, attention_quantized, k_sample_index
 
 pytestmark = pytest.mark.gpu
 
@@ -263,7 +263,8 @@ QKV_PATHS = [(FP8, "auto"), (SM90, "one_pass"), (SM90, "two_pass")]  # sm90: SAG
 
 def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, vmax=_cuda.FP8_MAX):
     """quant_qkv's outputs and the separate ops' on the same inputs: the old sequence of
-    _cuda.forward fed with quant_qkv's own K mean, and the K mean torch computes."""
+    _cuda.forward fed with quant_qkv's own K mean, and the K mean torch computes (over the
+    same sample of keys)."""
     _, ext = _need(backend)
     op = _cuda.ops(ext)
     qh, kh, vh = (t.transpose(1, 2) if layout == "NHD" else t for t in (q, k, v))
@@ -277,7 +278,8 @@ def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, 
     q8, qs, qdot = op.quant_int8(qh, None, km if rowdot else None, prescale, _cuda.WARP_Q, qg, nq_pad, dp)
     k8, ks, _ = op.quant_int8(kh, km, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
     v8, vs, vm = op.quant_v_fp8(vh, vmax, smooth_v, nk_pad, dp)
-    km_torch = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    sample = kh[:, :, k_sample_index(kh.shape[2], _cuda.K_SAMPLE_ROWS, kh.device)]
+    km_torch = sample.mean(dim=2, dtype=torch.float32) if smooth_k else None
     k8_torch, ks_torch, _ = op.quant_int8(kh, km_torch, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
     v_given = _v_fp8_given_mean(vh, new[8] if smooth_v else None, vmax, nk_pad, dp)
     return new, (q8, qs, qdot, k8, ks, km_torch, v8, vs, vm), (k8_torch, ks_torch), v_given

@@ -17,6 +17,7 @@ from sageattention.reference import (
     attention_quantized,
     error_metrics,
     int8_groups,
+    k_sample_index,
     mma_truncated,
     quantize_int8,
     quantize_v_fp8,
@@ -171,6 +172,42 @@ def test_smoothing_removes_k_bias_error():
     with_smooth = error_metrics(attention_quantized(q, k, v, cfg=QuantConfig(pv="bf16")), exact)
     without = error_metrics(attention_quantized(q, k, v, cfg=QuantConfig(pv="bf16", smooth_k=False)), exact)
     assert with_smooth["rel_l1"] * 2 < without["rel_l1"], (with_smooth, without)
+
+
+def test_k_sample_index_by_hand():
+    """Every key up to the sample size; beyond it the middle key of each equal stretch."""
+    assert k_sample_index(5, 128).tolist() == [0, 1, 2, 3, 4]
+    assert k_sample_index(128, 128).tolist() == list(range(128))
+    assert k_sample_index(8, 4).tolist() == [1, 3, 5, 7]
+    assert k_sample_index(10, 4).tolist() == [1, 3, 6, 8]  # (2i + 1) * 10 // 8
+    idx = k_sample_index(16384, 128)
+    assert idx[0] == 64 and idx[-1] == 16384 - 64 and (idx.diff() == 128).all()
+    assert k_sample_index(129, 128).unique().numel() == 128
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sampled_k_mean_changes_only_the_quantization(causal):
+    """Smoothing K by the mean of a 128-key sample (the fp8 kernels' quant_qkv) instead of all
+    keys: exact attention is unchanged, so the output stays as close to it as with the full
+    mean, and the LSE, corrected with the sample's mean, stays as exact. The subtracted
+    vector differs, so the output is not the full-mean reference's to the bit."""
+    q, k, v = make_qkv(1, 2, 2, 1000, 1000, 64, torch.bfloat16, k_bias=5.0)
+    o_ex, lse_ex = attention_exact(q, k, v, is_causal=causal, return_lse=True)
+    full, sampled = QuantConfig(pv="fp8"), QuantConfig(pv="fp8", k_mean_rows=128)
+    o_f, lse_f = attention_quantized(q, k, v, is_causal=causal, return_lse=True, cfg=full)
+    o_s, lse_s = attention_quantized(q, k, v, is_causal=causal, return_lse=True, cfg=sampled)
+    mf, ms = error_metrics(o_f, o_ex), error_metrics(o_s, o_ex)
+    assert ms["cos"] > 0.999 and ms["rel_l1"] < 1.1 * mf["rel_l1"], (ms, mf)
+    assert (lse_s - lse_ex).abs().max() < 1.2 * (lse_f - lse_ex).abs().max() + 1e-4
+    assert not torch.equal(o_s, o_f)
+    # with at most 128 keys the sample is every key: the full mean's result to the bit
+    q2, k2, v2 = q[:, :, :100], k[:, :, :100], v[:, :, :100]
+    assert torch.equal(attention_quantized(q2, k2, v2, cfg=full), attention_quantized(q2, k2, v2, cfg=sampled))
+
+
+def test_k_mean_rows_refused_below_one():
+    with pytest.raises(ValueError, match="k_mean_rows must be None or >= 1"):
+        QuantConfig(k_mean_rows=0)
 
 
 def test_finer_granularity_is_more_accurate():

@@ -28,6 +28,13 @@ namespace {
 constexpr int kStatThreads = 256;
 constexpr int kStatChannels = 32;                                  // channels per CTA
 constexpr int kStatChains = kStatThreads / (kStatChannels / 8);   // 64 token chains per channel
+// K is smoothed by the mean of a sample of its keys (k_sample_row), not of all of them: the
+// output does not depend on which vector is subtracted (q . mean is constant along a softmax
+// row; the LSE adds it back), only the INT8 error does, and a 128-key sample removes a
+// per-channel bias as well as the full mean (bench/NOTES.md) without reading all of K
+// before K, Q (q . mean) and the attention can start.
+constexpr int kKSampleRows = 128;
+static_assert(kKSampleRows % kStatChains == 0, "each token chain adds the same number of sample rows");
 
 // ---- quantization kernel ----
 constexpr int kWarps = 4;
@@ -146,6 +153,13 @@ __device__ __forceinline__ float v_stats_out(const QuantQKVParams& p, int64_t bh
 
 // ============================== 1. statistics ==============================
 
+// Row i of the K sample (i < k_sample_rows(n)): evenly spaced, the middle of each of the
+// sample's n / S stretches of keys; all rows when n <= kKSampleRows.
+__device__ __forceinline__ int k_sample_rows(int n) { return n < kKSampleRows ? n : kKSampleRows; }
+__device__ __forceinline__ int k_sample_row(int i, int n, int rows) {
+  return static_cast<int>(((2 * static_cast<int64_t>(i) + 1) * n) / (2 * rows));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
   __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
@@ -160,34 +174,33 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
   const bool ksum = p.k_mean != nullptr;
 
-  // Chain r adds tokens r, r + 64, r + 128, ... in this order (quant_fp8.cu pass 1); kAhead
-  // tokens are loaded before their adds.
+  // K: the sample's rows r and r + 64 (loaded first, summed after V's loop)
+  const int srows = k_sample_rows(n);
+  uint4 xk[kKSampleRows / kStatChains];
+#pragma unroll
+  for (int u = 0; u < kKSampleRows / kStatChains; ++u) {
+    const int i = r + u * kStatChains;
+    xk[u] = ksum && i < srows ? load_bits8(k + k_sample_row(i, n, srows) * p.k.stride_n, col0, d, kvec)
+                              : make_uint4(0u, 0u, 0u, 0u);
+  }
+
+  // V: chain r adds tokens r, r + 64, r + 128, ... in this order (quant_fp8.cu pass 1);
+  // kAhead tokens are loaded before their adds.
   constexpr int kAhead = 4;
   float s[8], mx[8], mn[8], sk[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
   int t = r;
   for (; t + (kAhead - 1) * kStatChains < n; t += kAhead * kStatChains) {
-    uint4 xv[kAhead], xk[kAhead];
+    uint4 xv[kAhead];
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kStatChains) * p.v.stride_n, col0, d, vvec);
-    if (ksum) {
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) xk[u] = load_bits8(k + (t + u * kStatChains) * p.k.stride_n, col0, d, kvec);
-    }
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float x = elem<T>(xv[u], i);
         s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
-      }
-    }
-    if (ksum) {
-#pragma unroll
-      for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
       }
     }
   }
@@ -198,11 +211,11 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
       const float x = elem<T>(xv, i);
       s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
     }
-    if (ksum) {
-      const uint4 xk = load_bits8(k + t * p.k.stride_n, col0, d, kvec);
+  }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk, i);
-    }
+  for (int u = 0; u < kKSampleRows / kStatChains; ++u) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
   }
   // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
   reduce_token_chains(s, OpAdd());
@@ -226,7 +239,7 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   }
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
   v_stats_out(p, bh, c0 + tid, ts, tmx, tmn);
-  if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = __fdiv_rn(tk, static_cast<float>(n));
+  if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = srows > 0 ? __fdiv_rn(tk, static_cast<float>(srows)) : 0.f;
 }
 
 // ============================== 2. quantization ==============================
@@ -509,7 +522,8 @@ __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t un
   quant_rows_g<T, DP, 8>(j, p.q_groups, nullptr);
 }
 
-// Blocks [0, k_ctas): K; [k_ctas, k_ctas + v_ctas): V; the rest: Q.
+// Blocks [0, v_ctas): V; [v_ctas, v_ctas + k_ctas): K; the rest: Q. V goes first: the
+// statistics kernel has just read all of it, and on short sequences it is still in L2.
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
   __shared__ float red[kWarps][4];
@@ -517,6 +531,13 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   pdl_launch_dependents();   // the attention kernel may be scheduled (it waits for this grid)
   const int warp = threadIdx.x >> 5;
   int64_t blk = blockIdx.x;
+  if (blk < v_ctas) {
+    const int64_t unit = blk * kWarps + warp;
+    const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
+    if (unit < units) quant_v_unit<T, DP>(p, unit);
+    return;
+  }
+  blk -= v_ctas;
   if (blk < k_ctas) {
     // one 64-row scale block per CTA, the last row blocks of every head first (as V)
     const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
@@ -533,13 +554,6 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
     return;
   }
   blk -= k_ctas;
-  if (blk < v_ctas) {
-    const int64_t unit = blk * kWarps + warp;
-    const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
-    if (unit < units) quant_v_unit<T, DP>(p, unit);
-    return;
-  }
-  blk -= v_ctas;
   quant_q_unit<T, DP>(p, blk * kWarps + warp);  // Q: one 16-row scale block per warp
 }
 
@@ -609,7 +623,7 @@ __global__ void __launch_bounds__(kOPThreads, 3) qkv_one_pass_kernel(const Quant
   cp_async_wait<0>();
   __syncthreads();
 
-  const bool stats = is_v || p.k_mean;
+  const bool stats = is_v;  // K needs only its sample's mean (below), nothing from other chunks
   int* const ready = p.sync + 1 + groups + grp;
   if (stats) {
     // this chunk's statistics: thread (pair cp, stripe st) adds rows st, st + kStripes, ...
@@ -676,6 +690,32 @@ __global__ void __launch_bounds__(kOPThreads, 3) qkv_one_pass_kernel(const Quant
     }
   }
 
+  if (!is_v && p.k_mean) {
+    // the mean of K's sample (k_sample_row), read from global memory (L2 after the head's first
+    // chunk): thread (pair cp, stripe st) adds sample rows st, st + kStripes, ..., then the
+    // stripes in order
+    const int cp = tid % kPairs, st = tid / kPairs, srows = k_sample_rows(n);
+    const T* kh = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h;
+    float sm[2] = {0.f, 0.f};
+    if (2 * cp < d) {
+#pragma unroll 4
+      for (int i = st; i < srows; i += kStripes) {
+        const uint32_t w = reinterpret_cast<const uint32_t*>(kh + k_sample_row(i, n, srows) * in.stride_n)[cp];
+        sm[0] += half_of<T>(w, 0), sm[1] += half_of<T>(w, 1);
+      }
+    }
+    part[0][st][2 * cp] = sm[0], part[0][st][2 * cp + 1] = sm[1];
+    __syncthreads();
+    if (tid < DP) {
+      float a = part[0][0][tid];
+#pragma unroll
+      for (int i = 1; i < kStripes; ++i) a += part[0][i][tid];
+      const float mean = tid < d ? __fdiv_rn(a, static_cast<float>(srows)) : 0.f;
+      s_mean[tid] = mean;
+      if (chunk == 0 && tid < d) p.k_mean[bh * d + tid] = mean;
+    }
+  }
+
   // this CTA's share of Q (q_per_warp scale blocks per warp) while the group's other chunks
   // arrive
   for (int i = 0; i < q_per_warp; ++i)
@@ -732,7 +772,8 @@ int one_pass_chunks(const QuantQKVParams& p) {
   const char* e = std::getenv("SAGEATTN_QKV_PASSES");
   const int force = e == nullptr ? 0 : std::atoi(e);
   const int64_t chunks = (static_cast<int64_t>(p.k.n) + kChunkTokens<DP> - 1) / kChunkTokens<DP>;
-  if (force == 2 || (force != 1 && (p.k.n < kOnePassMinKeys || chunks > kOnePassMaxChunks))) return 0;
+  if (force != 1) return 0;  // EXPERIMENT: two launches by default (K sample mean), one pass when forced
+  (void)kOnePassMinKeys, (void)kOnePassMaxChunks;
   if (p.q_rowdot != nullptr || p.k.n <= 0) return 0;
   for (const Input4D* in : {&p.k, &p.v}) {
     if (reinterpret_cast<uintptr_t>(in->data) % 16 != 0 || in->stride_b % 8 != 0 || in->stride_h % 8 != 0 ||

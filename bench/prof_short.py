@@ -5,8 +5,7 @@
 For each shape it prints, in microseconds:
   - the end-to-end GPU time (do_bench median) of sageattn, of the sm90 function and of cuDNN;
   - each stage of the sm90 pipeline alone (do_bench on prepared inputs): the separate
-    quantization ops, and quant_qkv, which replaces them, in one pass and forced onto its
-    two launches (SAGEATTN_QKV_PASSES=2; the kernels of both also profiled);
+    quantization ops, and quant_qkv, which replaces them (its two kernels also profiled);
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
     queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
 A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
@@ -15,7 +14,6 @@ A call whose host time exceeds its GPU time is host-bound: the GPU idles between
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -64,20 +62,6 @@ def sdpa(backend):
     return run
 
 
-def passes(fn, n: str):
-    """fn with SAGEATTN_QKV_PASSES=n (read by quant_qkv on every call): 1 forces the one-pass
-    grid (where the inputs allow it), 2 the two launches."""
-
-    def run():
-        os.environ["SAGEATTN_QKV_PASSES"] = n
-        try:
-            return fn()
-        finally:
-            del os.environ["SAGEATTN_QKV_PASSES"]
-
-    return run
-
-
 def stages(q, k, v):
     """The sm90 pipeline of _cuda.forward split into its launches (non-causal, HND)."""
     mod = _cuda.SM90
@@ -96,13 +80,8 @@ def stages(q, k, v):
         "quant_q": lambda: op.quant_int8(q, None, None, scale, _cuda.WARP_Q, 8, nq_pad, dp),
         "quant_k": lambda: op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp),
         "quant_v": lambda: op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp),
-        # the four rows above in one op (what _cuda.forward calls), as the op picks its path
+        # the four rows above in one op (what _cuda.forward calls): statistics, then quantization
         "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp),
-        # the same op forced onto each of its paths
-        "quant_qkv one-pass": passes(lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX,
-                                                          nq_pad, nk_pad, dp), "1"),
-        "quant_qkv two-pass": passes(lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX,
-                                                          nq_pad, nk_pad, dp), "2"),
         "attn": lambda: op.attn(q8, k8, v8, qs, ks, vs, None, None, 8, 4, nq, nk, d, False, 2, False, False,
                                 d ** -0.5, q.dtype),
     }
@@ -122,7 +101,7 @@ def kernel_us(fn, reps: int = 20) -> dict:
     for e in prof.key_averages():
         total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if total and e.count:
-            name = next((k for k in ("qkv_stats", "qkv_quant", "qkv_one_pass") if k in e.key), e.key[:40])
+            name = next((k for k in ("qkv_stats", "qkv_quant") if k in e.key), e.key[:40])
             out[name] = total / e.count
     return out
 
@@ -151,8 +130,8 @@ def main() -> None:
             for name, fn in rows.items():
                 g, hst = gpu_us(fn), host_us(fn)
                 print(f"| {d} | {n} | {name} | {g:.1f} | {hst:.1f} | {ops / g / 1e6:.0f} |", flush=True)
-            try:  # the kernels of quant_qkv, both paths (profiler time, not do_bench)
-                for kname, us in {**kernel_us(rows["quant_qkv one-pass"]), **kernel_us(rows["quant_qkv two-pass"])}.items():
+            try:  # the kernels of quant_qkv (profiler time, not do_bench)
+                for kname, us in kernel_us(rows["quant_qkv"]).items():
                     print(f"| {d} | {n} | quant_qkv: {kname} (profiler) | {us:.1f} | | |", flush=True)
             except Exception as exc:  # noqa: BLE001 - a profiler problem must not lose the table
                 print(f"# profiler breakdown failed: {exc!r}")

@@ -116,3 +116,24 @@ def test_ptxas_summary_parsing():
            "    16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads\n"
            "ptxas info    : Used 255 registers, used 1 barriers\n")
     assert compile_check.summarize(log) == [("_Zk1", 255, 12)]
+
+
+def test_python_constants_match_the_kernels():
+    """The Python side's copies of kernel constants (the reference config and the op calls
+    use them) equal the values in the CUDA sources."""
+    import re
+
+    sys.path.insert(0, ca.ROOT)
+    from sageattention import _cuda
+
+    def const(path, name):
+        text = open(os.path.join(ca.ROOT, ca.KERNELS, path)).read()
+        m = re.search(rf"constexpr int {name} = (\d+);", text)
+        assert m, f"{name} not found in {path}"
+        return int(m.group(1))
+
+    assert const("quant_qkv.cu", "kKSampleRows") == _cuda.K_SAMPLE_ROWS
+    assert const("launch.h", "kSm90BlockK") == _cuda.SM90_BLOCK_K
+    assert const("launch.h", "kAttnWarpQ") == _cuda.WARP_Q
+    assert const("launch.h", "kAttnBlockQ") == _cuda.BLOCK_Q
+    assert const("launch.h", "kAttnBlockK") == _cuda.BLOCK_K

@@ -70,9 +70,9 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
   return {out, scale, mean};
 }
 
-// quant_int8(Q), quant_int8(K, K mean) and quant_v_fp8(V): in one pass where quant_qkv_scratch
-// says so (sm_90 module), else in two launches (statistics, then quantization); the K mean is
-// computed here (fp32, [B, Hkv, D]) and returned.
+// quant_int8(Q), quant_int8(K, K mean) and quant_v_fp8(V) in two launches (statistics, then
+// quantization); the K mean (of a 128-key sample, quant_qkv.cu) is computed here (fp32,
+// [B, Hkv, D]) and returned.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
     const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
     bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad) {
@@ -122,14 +122,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
   p.v_inv = v_inv.data_ptr<float>();
-  // the one-pass path's scratch: arrival counters and flags start at zero
-  const sage::QuantQKVScratch need = sage::quant_qkv_scratch(p);
-  Tensor sync, partial;
-  if (need.sync_ints > 0) {
-    sync = at::zeros({need.sync_ints}, q.options().dtype(at::kInt));
-    partial = at::empty({need.partial_floats}, f32);
-    p.sync = sync.data_ptr<int>(), p.partial = partial.data_ptr<float>();
-  }
   check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
   return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
 }

@@ -49,11 +49,11 @@ struct QuantVFp8Params {
 };
 cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream);
 
-// Q, K and V quantized together in two launches: the per-channel statistics of K and V over
-// all keys (K mean; V sum/max/min -> V scale and mean), then one grid whose blocks quantize
-// Q row blocks, K row blocks and V tiles. Same outputs as quant_int8 (Q with block_rows
-// kAttnWarpQ, K with kAttnBlockK and the K mean) and quant_v_fp8, except that the K mean is
-// this kernel's own fixed-order fp32 sum / N.
+// Q, K and V quantized together in two launches: per-channel statistics (the K mean over a
+// sample of 128 evenly spaced keys, every key up to 128; V's sum/max/min over all keys -> V
+// scale and mean), then one grid whose blocks quantize V tiles, K row blocks and Q row blocks.
+// Same outputs as quant_int8 (Q with block_rows kAttnWarpQ, K with kAttnBlockK and the K mean)
+// and quant_v_fp8, given that K mean (this kernel's own fixed-order fp32 sum / rows).
 struct QuantQKVParams {
   Input4D q;                   // [B, Hq, Nq, D]
   Input4D k, v;                // [B, Hkv, Nk, D] each, Hkv dividing Hq
@@ -71,20 +71,7 @@ struct QuantQKVParams {
   float* v_scale;              // [B, Hkv, d_pad]
   float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
-  // Scratch of the one-pass path (quant_qkv_scratch says whether it is taken and how much):
-  int* sync;                   // zeroed before the launch: ticket, per-group arrivals and flags
-  float* partial;              // per-chunk statistics (no initial value needed)
 };
-// The one-pass path (sm_90 module, 4096 to 16k keys at head dim 128, 4096 to 32k at 64,
-// 16-byte aligned K and V rows, no q . K mean): every K/V chunk stays in shared memory while its
-// head's statistics are combined across CTAs, so K and V are read from memory once. Its
-// scratch sizes, in elements; both zero when the two-launch path is taken.
-// SAGEATTN_QKV_PASSES=1 or 2 forces one pass (where possible) or two launches.
-struct QuantQKVScratch {
-  int64_t sync_ints = 0;
-  int64_t partial_floats = 0;
-};
-QuantQKVScratch quant_qkv_scratch(const QuantQKVParams& p);
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif
 

@@ -1,21 +1,21 @@
 // Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch
 // K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
-//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): over all keys, the K sum
-//      (-> K mean) and V's sum, max and min (-> V scale, inverse scale and mean). The V part
-//      keeps quant_fp8.cu's pass-1 thread layout and summation order, so V's statistics are
-//      bit-identical to quant_v_fp8's.
+//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): the K sum over the K
+//      sample's rows (-> K mean) and V's sum, max and min over all keys (-> V scale, inverse
+//      scale and mean). The V part keeps quant_fp8.cu's pass-1 thread layout and summation
+//      order, so V's statistics are bit-identical to quant_v_fp8's.
 //   2. qkv_quant_kernel, a 1-D grid in three ranges: K blocks (one CTA per 64-row scale
 //      block), V tiles (one warp per 64 tokens x 32 channels) and Q blocks (one warp per
 //      16-row scale block). Every warp loads its rows into registers once, reduces the
 //      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
 //      is quant_int8.cu's and quant_fp8.cu's.
 //
-// The Hopper module has a third way from 4096 keys on (section 3): one grid that keeps each
-// K/V chunk in shared memory while its head's statistics are combined across CTAs, so K and
-// V are read once (the two launches read them twice).
+// K is smoothed by the mean of a 128-key sample, so the statistics launch reads all of V but
+// little of K. (A one-grid variant that held each K/V chunk in shared memory while its head's
+// statistics were combined across CTAs was slower at every length once K needed no
+// statistics; bench/NOTES.md.)
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <type_traits>
 
@@ -44,9 +44,6 @@ constexpr int kVTokens = 64;         // V tile of one warp: 64 tokens x 32 chann
 constexpr int kVChannels = 32;
 static_assert(kAttnWarpQ == kWarpRows && kAttnBlockK == kWarps * kWarpRows,
               "Q scale blocks are one warp's rows, K scale blocks one CTA's");
-
-// bar.sync on barrier `id` for `n` threads (id 0 with the whole CTA: __syncthreads)
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 __device__ __forceinline__ uint16_t bits_of(__half x) { return __half_as_ushort(x); }
 __device__ __forceinline__ uint16_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
@@ -280,11 +277,10 @@ __device__ __forceinline__ RowJob rows_of(const Input4D& in, int b, int h) {
   return j;
 }
 
-// `red` (shared, [kWarps][4]): four warps share one scale block (K) and synchronize on
-// barrier `bar` (0: the whole 128-thread CTA); null: the warp's own block (Q). All four warps
-// call it in the first case.
+// `red` (shared, [kWarps][4]): the CTA's four warps share one scale block (K) and synchronize
+// on __syncthreads; null: the warp's own block (Q). All four warps call it in the first case.
 template <typename T, int DP, int G>
-__device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4], int bar = 0) {
+__device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   using S = RowShape<DP>;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % kWarps;
   const int lr = lane / S::kLanesPerRow, col0 = (lane % S::kLanesPerRow) * 16;
@@ -389,7 +385,7 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4], int
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s)
       if (writer(s)) red[warp][group(s)] = am[s];
-    bar_sync(bar, kThreads);
+    __syncthreads();
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s) {
       float a = red[0][group(s)];
@@ -421,15 +417,15 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4], int
 
 // quant_rows with the scale-group count known at run time: G (Q: 8, K: 4) or 1.
 template <typename T, int DP, int G>
-__device__ __forceinline__ void quant_rows_g(const RowJob& j, int groups, float (*red)[4], int bar = 0) {
+__device__ __forceinline__ void quant_rows_g(const RowJob& j, int groups, float (*red)[4]) {
   if (groups == G)
-    quant_rows<T, DP, G>(j, red, bar);
+    quant_rows<T, DP, G>(j, red);
   else
-    quant_rows<T, DP, 1>(j, red, bar);
+    quant_rows<T, DP, 1>(j, red);
 }
 
-// The fields of a K job of kv head bh that both K paths share: no prescale, no q . mean, the
-// head's output rows; the caller sets the rows' source, row0 and scale.
+// The fields of a K job of kv head bh: no prescale, no q . mean, the head's output rows; the
+// caller sets the rows' source, row0 and scale.
 template <int DP>
 __device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, const float* mean) {
   RowJob j;
@@ -444,8 +440,7 @@ __device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, con
 // written as e4m3 [channel][token] with the tokens of each 16-token group in the MMA's order
 // 0,1,8,9,2,3,10,11,...,6,7,14,15 (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels
 // cgrp*4.. +4 of tokens tg*16.. +16: it holds a whole permuted group of each of its channels,
-// one 16-byte store each. `rows`: token n0t's row (global memory or a shared-memory chunk),
-// n_left: the tokens from n0t on that exist (the rest are zeros); inv and mean (null: no
+// one 16-byte store each. `rows`: token n0t's row, n_left: the tokens from n0t on that exist (the rest are zeros); inv and mean (null: no
 // smoothing) are the head's per-channel values.
 template <typename T, int DP>
 __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* rows, int64_t stride_n, bool vec,
@@ -483,7 +478,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
   }
 }
 
-// V tile `unit` of the two-launch path, read from global memory: the last token tiles first,
+// V tile `unit`, read from global memory: the last token tiles first,
 // every head in turn (what the statistics kernel read last may still be in L2).
 template <typename T, int DP>
 __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t unit) {
@@ -557,270 +552,6 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   quant_q_unit<T, DP>(p, blk * kWarps + warp);  // Q: one 16-row scale block per warp
 }
 
-#if defined(SAGE_SM90)  // the Hopper module only (the one it was measured on)
-// ============================== 3. one pass ==============================
-//
-// One grid, no separate statistics launch: each CTA takes a ticket. The first tickets are
-// chunks of kChunkTokens keys of one K or V head (a "group"), loaded into shared memory once.
-// A CTA publishes its chunk's per-channel partials (sum; for V also max and min); the group's
-// last chunk to arrive combines them in chunk order (so the result does not depend on which
-// CTA that is) and raises the group's flag. The others meanwhile quantize their share of Q's
-// blocks, then wait for the flag; every chunk then quantizes from shared memory. The tickets
-// after the chunks are Q blocks left over, which wait for nothing.
-// Deadlock freedom: tickets are taken in order, so of the groups a grid has started only the
-// newest can still be missing chunks, and fewer than `chunks` CTAs wait on it. The host takes
-// this path only when twice `chunks` CTAs fit on the GPU at once (one_pass_chunks), so a slot
-// always frees up for the missing ones, even beside a second such grid on another stream.
-
-constexpr int kOPThreads = 256, kOPWarps = kOPThreads / 32;  // two 4-warp halves
-constexpr int kChunkElems = 32768;  // 64 KiB of 16-bit inputs per CTA: three CTAs per SM
-// By default one pass from 4096 keys up to 64 chunks (16k keys at head dim 128, 32k at 64):
-// below, the two launches were as fast (2k) or faster (1k: 95 against 100 µs); above, the
-// group's wait grows with its chunks (32k at 128: 2644 against 2602 µs).
-constexpr int kOnePassMinKeys = 4096, kOnePassMaxChunks = 64;
-template <int DP>
-constexpr int kChunkTokens = kChunkElems / DP;  // 512 (DP 64) or 256 (DP 128)
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(kOPThreads, 3) qkv_one_pass_kernel(const QuantQKVParams p, int chunks, int kv_ctas,
-                                                                     int q_per_warp) {
-  constexpr int kT = kChunkTokens<DP>;
-  constexpr int kPairs = DP / 2, kStripes = kOPThreads / kPairs;  // channel pairs x token stripes
-  static_assert(kT % 128 == 0 && DP <= kOPThreads, "chunks hold whole 128-key tiles");
-  extern __shared__ uint4 chunk_smem[];
-  T* const xs = reinterpret_cast<T*>(chunk_smem);  // [kT][DP]
-  __shared__ float red[kOPWarps][4];
-  __shared__ float part[3][kStripes][DP];  // sum, max, min per token stripe
-  __shared__ float s_mean[DP], s_inv[DP];
-  __shared__ int s_ticket, s_last;
-  pdl_launch_dependents();  // the attention kernel may be scheduled once every CTA has started
-  const int tid = threadIdx.x, warp = tid >> 5;
-  if (tid == 0) s_ticket = atomicAdd(p.sync, 1);
-  __syncthreads();
-  const int ticket = s_ticket;
-  if (ticket >= kv_ctas) {  // Q blocks left over after the K/V CTAs' shares
-    quant_q_unit<T, DP>(p, (static_cast<int64_t>(kv_ctas) * q_per_warp + ticket - kv_ctas) * kOPWarps + warp);
-    return;
-  }
-  const int groups = 2 * p.k.batch * p.k.heads;
-  const int grp = ticket / chunks, chunk = ticket % chunks;
-  const bool is_v = grp & 1;
-  const int64_t bh = grp >> 1;
-  const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
-  const Input4D& in = is_v ? p.v : p.k;
-  const int n = in.n, d = in.d, r0 = chunk * kT;
-  const int rows = min(kT, n - r0);  // >= 1: chunks = ceil(n / kT)
-  const T* src = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h + r0 * in.stride_n;
-
-  // the chunk into shared memory; rows past n and columns past d as zeros (d % 8 == 0 here)
-#pragma unroll 8
-  for (int i = tid; i < kT * DP / 8; i += kOPThreads) {
-    const int r = i / (DP / 8), c = (i % (DP / 8)) * 8;
-    const bool ok = r < rows && c < d;
-    cp_async16(xs + r * DP + c, ok ? src + r * in.stride_n + c : src, ok ? 16 : 0);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-
-  const bool stats = is_v;  // K needs only its sample's mean (below), nothing from other chunks
-  int* const ready = p.sync + 1 + groups + grp;
-  if (stats) {
-    // this chunk's statistics: thread (pair cp, stripe st) adds rows st, st + kStripes, ...
-    const int cp = tid % kPairs, st = tid / kPairs;
-    float sm[2] = {0.f, 0.f}, mx[2] = {-INFINITY, -INFINITY}, mn[2] = {INFINITY, INFINITY};
-    const uint32_t* w32 = reinterpret_cast<const uint32_t*>(xs) + cp;
-#pragma unroll 8
-    for (int r = st; r < rows; r += kStripes) {
-      const uint32_t w = w32[r * kPairs];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float x = half_of<T>(w, e);
-        sm[e] += x, mx[e] = fmaxf(mx[e], x), mn[e] = fminf(mn[e], x);
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      part[0][st][2 * cp + e] = sm[e], part[1][st][2 * cp + e] = mx[e], part[2][st][2 * cp + e] = mn[e];
-    __syncthreads();
-    float* gpart = p.partial + static_cast<int64_t>(grp) * chunks * 3 * DP;
-    if (tid < DP) {
-      float a = part[0][0][tid], m = part[1][0][tid], q = part[2][0][tid];
-#pragma unroll
-      for (int i = 1; i < kStripes; ++i) a += part[0][i][tid], m = fmaxf(m, part[1][i][tid]), q = fminf(q, part[2][i][tid]);
-      float* g = gpart + static_cast<int64_t>(chunk) * 3 * DP + tid;
-      g[0] = a, g[DP] = m, g[2 * DP] = q;
-      __threadfence();
-    }
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(p.sync + 1 + grp, 1) == chunks - 1;
-    __syncthreads();
-    if (s_last) {
-      // every chunk's partials are visible: combine them (kParts runs of chunks, then the runs,
-      // all in chunk order) and publish
-      __threadfence();
-      constexpr int kParts = kOPThreads / DP;
-      const int c = tid % DP, run = tid / DP, per = (chunks + kParts - 1) / kParts;
-      float ts = 0.f, tmx = -INFINITY, tmn = INFINITY;
-      const float* g = gpart + static_cast<int64_t>(run) * per * 3 * DP + c;
-      const int end = min(chunks, (run + 1) * per);
-#pragma unroll 8
-      for (int i = run * per; i < end; ++i, g += 3 * DP) {  // loads independent of the sums: 8 in flight
-        ts += __ldcg(g);
-        tmx = fmaxf(tmx, __ldcg(g + DP)), tmn = fminf(tmn, __ldcg(g + 2 * DP));
-      }
-      part[0][run][c] = ts, part[1][run][c] = tmx, part[2][run][c] = tmn;
-      __syncthreads();
-      if (tid < DP) {
-        ts = part[0][0][tid], tmx = part[1][0][tid], tmn = part[2][0][tid];
-#pragma unroll
-        for (int i = 1; i < kParts; ++i)
-          ts += part[0][i][tid], tmx = fmaxf(tmx, part[1][i][tid]), tmn = fminf(tmn, part[2][i][tid]);
-        if (is_v) {
-          s_inv[tid] = v_stats_out(p, bh, tid, ts, tmx, tmn, &s_mean[tid]);
-        } else {
-          const float mean = tid < d ? __fdiv_rn(ts, static_cast<float>(n)) : 0.f;
-          if (tid < d) p.k_mean[bh * d + tid] = mean;
-          s_mean[tid] = mean;
-        }
-        __threadfence();
-      }
-      __syncthreads();
-      if (tid == 0) atomicExch(ready, 1);
-    }
-  }
-
-  if (!is_v && p.k_mean) {
-    // the mean of K's sample (k_sample_row), read from global memory (L2 after the head's first
-    // chunk): thread (pair cp, stripe st) adds sample rows st, st + kStripes, ..., then the
-    // stripes in order
-    const int cp = tid % kPairs, st = tid / kPairs, srows = k_sample_rows(n);
-    const T* kh = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h;
-    float sm[2] = {0.f, 0.f};
-    if (2 * cp < d) {
-#pragma unroll 4
-      for (int i = st; i < srows; i += kStripes) {
-        const uint32_t w = reinterpret_cast<const uint32_t*>(kh + k_sample_row(i, n, srows) * in.stride_n)[cp];
-        sm[0] += half_of<T>(w, 0), sm[1] += half_of<T>(w, 1);
-      }
-    }
-    part[0][st][2 * cp] = sm[0], part[0][st][2 * cp + 1] = sm[1];
-    __syncthreads();
-    if (tid < DP) {
-      float a = part[0][0][tid];
-#pragma unroll
-      for (int i = 1; i < kStripes; ++i) a += part[0][i][tid];
-      const float mean = tid < d ? __fdiv_rn(a, static_cast<float>(srows)) : 0.f;
-      s_mean[tid] = mean;
-      if (chunk == 0 && tid < d) p.k_mean[bh * d + tid] = mean;
-    }
-  }
-
-  // this CTA's share of Q (q_per_warp scale blocks per warp) while the group's other chunks
-  // arrive
-  for (int i = 0; i < q_per_warp; ++i)
-    quant_q_unit<T, DP>(p, (static_cast<int64_t>(ticket) * kOPWarps + warp) * q_per_warp + i);
-
-  if (stats && !s_last) {
-    if (tid == 0) {
-      while (atomicAdd(ready, 0) == 0) __nanosleep(64);
-      __threadfence();
-    }
-    __syncthreads();
-    if (tid < DP) {
-      if (is_v) {
-        s_inv[tid] = __ldcg(p.v_inv + bh * DP + tid);
-        s_mean[tid] = p.v_mean ? __ldcg(p.v_mean + bh * DP + tid) : 0.f;
-      } else {
-        s_mean[tid] = tid < d ? __ldcg(p.k_mean + bh * d + tid) : 0.f;
-      }
-    }
-  }
-  __syncthreads();
-
-  if (!is_v) {
-    // K: the chunk's 64-row scale blocks, each half of the CTA (four warps, own barrier) on
-    // every other one
-    const int half = warp / kWarps;
-    RowJob j = k_job<DP>(p, bh, p.k_mean ? s_mean : nullptr);
-    j.x = xs, j.stride_n = DP, j.n = rows, j.d = d, j.vec = true;  // rows of the chunk
-    j.out = p.k_out + (bh * p.nk_pad + r0) * DP;  // from the chunk's first row
-    const int nblk = p.nk_pad / kAttnBlockK;
-    for (int blk = half; blk < kT / kAttnBlockK && r0 + blk * kAttnBlockK < p.nk_pad; blk += 2) {
-      j.row0 = blk * kAttnBlockK + (warp % kWarps) * kWarpRows;
-      j.scale = p.k_scale + (bh * nblk + r0 / kAttnBlockK + blk) * p.k_groups;
-      quant_rows_g<T, DP, 4>(j, p.k_groups, red + half * kWarps, 1 + half);
-      bar_sync(1 + half, kThreads);  // `red` is reused by the half's next block
-    }
-    return;
-  }
-  // V: 64-token x 32-channel tiles, four per warp
-  constexpr int kTilesC = DP / kVChannels;
-  for (int u = warp; u < (kT / kVTokens) * kTilesC; u += kOPWarps) {
-    const int lt = u / kTilesC, tc = u % kTilesC;
-    if (r0 + lt * kVTokens >= p.nk_pad) break;
-    quant_v_tile<T, DP>(p, xs + lt * kVTokens * DP, DP, true, rows - lt * kVTokens, bh, r0 + lt * kVTokens,
-                        tc * kVChannels, s_inv, p.v_mean ? s_mean : nullptr);
-  }
-}
-
-// The chunks per K/V head of the one-pass path, or 0 where the two-launch path runs.
-template <typename T, int DP>
-int one_pass_chunks(const QuantQKVParams& p) {
-  // SAGEATTN_QKV_PASSES=1 / 2 forces one pass (where possible) / two launches, for tests and
-  // comparisons; by default one pass from kOnePassMinKeys keys up to kOnePassMaxChunks chunks
-  const char* e = std::getenv("SAGEATTN_QKV_PASSES");
-  const int force = e == nullptr ? 0 : std::atoi(e);
-  const int64_t chunks = (static_cast<int64_t>(p.k.n) + kChunkTokens<DP> - 1) / kChunkTokens<DP>;
-  if (force != 1) return 0;  // EXPERIMENT: two launches by default (K sample mean), one pass when forced
-  (void)kOnePassMinKeys, (void)kOnePassMaxChunks;
-  if (p.q_rowdot != nullptr || p.k.n <= 0) return 0;
-  for (const Input4D* in : {&p.k, &p.v}) {
-    if (reinterpret_cast<uintptr_t>(in->data) % 16 != 0 || in->stride_b % 8 != 0 || in->stride_h % 8 != 0 ||
-        in->stride_n % 8 != 0 || in->d % 8 != 0)
-      return 0;
-  }
-  // co-residency: the CTAs that fit at once, per device (cached; the kernel does not change)
-  static std::atomic<int> fit[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  int resident = fit[dev].load(std::memory_order_relaxed);
-  if (resident == 0) {
-    int sms = 0, per_sm = 0;
-    if (cudaFuncSetAttribute(qkv_one_pass_kernel<T, DP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kChunkElems * 2) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qkv_one_pass_kernel<T, DP>, kOPThreads,
-                                                      kChunkElems * 2) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    resident = sms * per_sm;
-    fit[dev].store(resident, std::memory_order_relaxed);
-  }
-  const int64_t groups = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads;
-  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kOPWarps - 1) / kOPWarps;
-  if (2 * chunks > resident || groups * chunks + q_ctas > 0x7fffffff || p.nk_pad > chunks * kChunkTokens<DP>)
-    return 0;
-  return static_cast<int>(chunks);
-}
-
-template <typename T, int DP>
-cudaError_t launch_one_pass(const QuantQKVParams& p, int chunks, cudaStream_t stream) {
-  // Q's scale blocks: up to kMaxQPerWarp per warp of the K/V CTAs (quantized while their
-  // group's statistics complete), the rest in Q-only CTAs
-  constexpr int64_t kMaxQPerWarp = 8;
-  const int64_t kv_ctas = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads * chunks;
-  const int64_t q_units = static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ);
-  const int64_t per_warp = std::min(kMaxQPerWarp, (q_units + kv_ctas * kOPWarps - 1) / (kv_ctas * kOPWarps));
-  const int64_t left = std::max<int64_t>(0, q_units - kv_ctas * kOPWarps * per_warp);
-  const int64_t q_ctas = (left + kOPWarps - 1) / kOPWarps;
-  qkv_one_pass_kernel<T, DP><<<static_cast<unsigned>(kv_ctas + q_ctas), kOPThreads, kChunkElems * 2, stream>>>(
-      p, chunks, static_cast<int>(kv_ctas), static_cast<int>(per_warp));
-  return cudaGetLastError();
-}
-#endif  // SAGE_SM90
-
 template <typename T, int DP>
 cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
@@ -829,14 +560,6 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
   if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
   if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
-#if defined(SAGE_SM90)
-  if constexpr (DP != 256) {
-    if (p.sync != nullptr && p.partial != nullptr) {
-      const int chunks = one_pass_chunks<T, DP>(p);
-      if (chunks > 0) return launch_one_pass<T, DP>(p, chunks, stream);
-    }
-  }
-#endif
   qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -850,22 +573,6 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
       p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
   return cudaGetLastError();
 #endif
-}
-
-template <typename T>
-QuantQKVScratch scratch_d(const QuantQKVParams& p) {
-  QuantQKVScratch s;
-#if defined(SAGE_SM90)
-  const int chunks = p.d_pad == 64 ? one_pass_chunks<T, 64>(p) : (p.d_pad == 128 ? one_pass_chunks<T, 128>(p) : 0);
-#else
-  const int chunks = 0;
-#endif
-  if (chunks > 0) {
-    const int64_t groups = 2 * static_cast<int64_t>(p.k.batch) * p.k.heads;
-    s.sync_ints = 1 + 2 * groups;
-    s.partial_floats = groups * chunks * 3 * p.d_pad;
-  }
-  return s;
 }
 
 template <typename T>
@@ -889,11 +596,6 @@ bool valid(const QuantQKVParams& p) {
 }
 
 }  // namespace
-
-QuantQKVScratch quant_qkv_scratch(const QuantQKVParams& p) {
-  if (!valid(p) || p.q.batch == 0 || p.q.heads == 0) return {};
-  return p.q.dtype == DType::kHalf ? scratch_d<__half>(p) : scratch_d<__nv_bfloat16>(p);
-}
 
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream) {
   if (!valid(p)) return cudaErrorInvalidValue;

@@ -5,17 +5,15 @@
 //      sample's rows (-> K mean) and V's sum, max and min over all keys (-> V scale, inverse
 //      scale and mean). The V part keeps quant_fp8.cu's pass-1 thread layout and summation
 //      order, so V's statistics are bit-identical to quant_v_fp8's.
-//   2. qkv_quant_kernel, a 1-D grid in three ranges: K blocks (one CTA per 64-row scale
-//      block), V tiles (one warp per 64 tokens x 32 channels) and Q blocks (one warp per
-//      16-row scale block). Every warp loads its rows into registers once, reduces the
+//   2. qkv_quant_kernel, a 1-D grid in three ranges: V tiles (one warp per 64 tokens x 32
+//      channels), K blocks (one CTA per 64-row scale block) and Q blocks (one warp per 16-row
+//      scale block). Every warp loads its rows into registers once, reduces the
 //      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
 //      is quant_int8.cu's and quant_fp8.cu's.
 //
-// K is smoothed by the mean of a 128-key sample, so the statistics launch reads all of V but
-// little of K. (A one-grid variant that held each K/V chunk in shared memory while its head's
-// statistics were combined across CTAs was slower at every length once K needed no
-// statistics; bench/NOTES.md.)
-#include <algorithm>
+// (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
+// were combined across CTAs was slower at every length once K's mean came from a sample;
+// bench/NOTES.md.)
 #include <cstring>
 #include <type_traits>
 

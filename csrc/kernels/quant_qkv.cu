@@ -5,11 +5,13 @@
 //      sample's rows (-> K mean) and V's sum, max and min over all keys (-> V scale, inverse
 //      scale and mean). The V part keeps quant_fp8.cu's pass-1 thread layout and summation
 //      order, so V's statistics are bit-identical to quant_v_fp8's.
-//   2. qkv_quant_kernel, a 1-D grid in three ranges: V tiles (one warp per 64 tokens x 32
-//      channels), K blocks (one CTA per 64-row scale block) and Q blocks (one warp per 16-row
+//   2. qkv_quant_kernel, a 1-D grid in three ranges: Q blocks (one warp per 16-row scale
+//      block), V tiles (one warp per 64 tokens x 32 channels) and K blocks (one CTA per 64-row
 //      scale block). Every warp loads its rows into registers once, reduces the
 //      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
-//      is quant_int8.cu's and quant_fp8.cu's.
+//      is quant_int8.cu's and quant_fp8.cu's. On Hopper (programmatic dependent launch) the Q
+//      blocks, which need no statistics unless q . (K mean) is asked for, run while the
+//      statistics kernel still does; V and K wait for it.
 //
 // (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
 // were combined across CTAs was slower at every length once K's mean came from a sample;
@@ -515,15 +517,25 @@ __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t un
   quant_rows_g<T, DP, 8>(j, p.q_groups, nullptr);
 }
 
-// Blocks [0, v_ctas): V; [v_ctas, v_ctas + k_ctas): K; the rest: Q. V goes first: the
-// statistics kernel has just read all of it, and on short sequences it is still in L2.
+// Blocks [0, q_ctas): Q; [q_ctas, q_ctas + v_ctas): V; the rest: K. Q first: unless its rows'
+// q . (K mean) is asked for, it does not wait for the statistics (with programmatic dependent
+// launch its blocks run beside the statistics kernel, which is bound by latency, not by
+// bandwidth). Then V: the statistics kernel has just read all of it, and on short sequences
+// it may still be in L2.
 template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int k_ctas, int v_ctas) {
+__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int q_ctas, int v_ctas) {
   __shared__ float red[kWarps][4];
-  pdl_wait();                // the statistics are complete
-  pdl_launch_dependents();   // the attention kernel may be scheduled (it waits for this grid)
   const int warp = threadIdx.x >> 5;
   int64_t blk = blockIdx.x;
+  if (blk < q_ctas) {
+    if (p.q_rowdot) pdl_wait();  // q . (K mean) needs the statistics
+    pdl_launch_dependents();     // the attention kernel may be scheduled (it waits for this grid)
+    quant_q_unit<T, DP>(p, blk * kWarps + warp);  // one 16-row scale block per warp
+    return;
+  }
+  pdl_wait();                // the statistics are complete
+  pdl_launch_dependents();
+  blk -= q_ctas;
   if (blk < v_ctas) {
     const int64_t unit = blk * kWarps + warp;
     const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
@@ -531,23 +543,18 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
     return;
   }
   blk -= v_ctas;
-  if (blk < k_ctas) {
-    // one 64-row scale block per CTA, the last row blocks of every head first (as V)
-    const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
-    const int nblk = p.nk_pad / kAttnBlockK;
-    const int64_t bh = blk % bhs;
-    const int rb = nblk - 1 - static_cast<int>(blk / bhs);
-    const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
-    const RowJob src = rows_of<T>(p.k, b, h);
-    RowJob j = k_job<DP>(p, bh, p.k_mean ? p.k_mean + bh * p.k.d : nullptr);
-    j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
-    j.row0 = rb * kAttnBlockK + warp * kWarpRows;
-    j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
-    quant_rows_g<T, DP, 4>(j, p.k_groups, red);
-    return;
-  }
-  blk -= k_ctas;
-  quant_q_unit<T, DP>(p, blk * kWarps + warp);  // Q: one 16-row scale block per warp
+  // K: one 64-row scale block per CTA, the last row blocks of every head first (as V)
+  const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
+  const int nblk = p.nk_pad / kAttnBlockK;
+  const int64_t bh = blk % bhs;
+  const int rb = nblk - 1 - static_cast<int>(blk / bhs);
+  const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
+  const RowJob src = rows_of<T>(p.k, b, h);
+  RowJob j = k_job<DP>(p, bh, p.k_mean ? p.k_mean + bh * p.k.d : nullptr);
+  j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
+  j.row0 = rb * kAttnBlockK + warp * kWarpRows;
+  j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
+  quant_rows_g<T, DP, 4>(j, p.k_groups, red);
 }
 
 template <typename T, int DP>
@@ -562,13 +569,15 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 #if defined(SAGE_SM90)
-  // Hopper module: the launch overlaps the statistics kernel's tail (programmatic dependent
-  // launch), as the attention kernel's overlaps this one's
+  // Hopper module: programmatic dependent launch, as for the attention kernel after this one.
+  // The Q blocks may skip pdl_wait: they read only Q, which the kernels before the statistics
+  // kernel (a plain launch: it starts once they are done) left complete, and write only
+  // q_out and q_scale, which nothing running touches.
   return launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)), dim3(kThreads),
-                    0, stream, p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
+                    0, stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
 #else
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
-      p, static_cast<int>(k_ctas), static_cast<int>(v_ctas));
+      p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
   return cudaGetLastError();
 #endif
 }

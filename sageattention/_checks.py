@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -78,12 +78,17 @@ class SdpaKwargs:
     attn_mask: Optional[torch.Tensor]
 
 
+_NO_KWARGS = SdpaKwargs(scale=None, enable_gqa=None, attn_mask=None)
+
+
 def parse_kwargs(fn: str, kwargs: Dict[str, Any], sm_scale: Optional[float], extra: Iterable[str] = ()) -> SdpaKwargs:
     """Accept SDPA's keywords (scale, enable_gqa, dropout_p, attn_mask) and nothing unknown.
 
     ``scale`` is SDPA's name for ``sm_scale``; ``dropout_p`` must be 0 (inference only);
     ``attn_mask`` is returned for the caller to refuse or use.
     """
+    if not kwargs:  # the common call: nothing to check
+        return _NO_KWARGS
     known = {"scale", "enable_gqa", "dropout_p", "attn_mask"} | set(extra)
     unknown = sorted(set(kwargs) - known)
     if unknown:
@@ -117,8 +122,7 @@ def refuse_mask(fn: str, attn_mask: Any) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Dims:
+class Dims(NamedTuple):  # (a tuple: built on every call, cheaper than a frozen dataclass)
     batch: int
     heads_q: int
     heads_kv: int
@@ -137,13 +141,14 @@ def _check_tensor(fn: str, name: str, t: Any, ndim: int, what: str) -> torch.Ten
             f"{fn}: {name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16 "
             f"(convert with {name}.to(torch.bfloat16))"
         )
+    # (fp16/bf16 only: never complex) before the strides, which a sparse tensor does not have
+    if t.layout != torch.strided:
+        raise TypeError(f"{fn}: {name} must be a dense tensor, got layout {t.layout}; call {name}.to_dense() first")
     if t.size(-1) > 1 and t.stride(-1) != 1:
         raise ValueError(
             f"{fn}: {name} must be contiguous in its last (head) dimension, got strides "
             f"{tuple(t.stride())}; call {name}.contiguous() first"
         )
-    if t.is_complex() or t.is_sparse:
-        raise TypeError(f"{fn}: {name} must be a dense real tensor")
     return t
 
 
@@ -182,13 +187,14 @@ def check_qkv(fn: str, q, k, v, tensor_layout: str, enable_gqa: Optional[bool] =
         _check_tensor(fn, name, t, 4, what)
     _check_same(fn, q, k, v)
     h_ax, n_ax = (1, 2) if tensor_layout == "HND" else (2, 1)
-    if k.shape != v.shape:
-        raise ValueError(f"{fn}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"{fn}: q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
-    _check_head_dim(fn, q.shape[3], v.shape[3], k.shape[3])
-    _check_heads(fn, q.shape[h_ax], k.shape[h_ax], enable_gqa)
-    dims = Dims(q.shape[0], q.shape[h_ax], k.shape[h_ax], q.shape[n_ax], k.shape[n_ax], q.shape[3])
+    qs, ks, vs = q.shape, k.shape, v.shape  # (each .shape builds a new torch.Size: once per call)
+    if ks != vs:
+        raise ValueError(f"{fn}: k and v must have the same shape, got {tuple(ks)} and {tuple(vs)}")
+    if qs[0] != ks[0]:
+        raise ValueError(f"{fn}: q and k must have the same batch size, got {qs[0]} and {ks[0]}")
+    _check_head_dim(fn, qs[3], vs[3], ks[3])
+    _check_heads(fn, qs[h_ax], ks[h_ax], enable_gqa)
+    dims = Dims(qs[0], qs[h_ax], ks[h_ax], qs[n_ax], ks[n_ax], qs[3])
     if dims.len_k == 0 and dims.len_q > 0 and dims.batch > 0:
         raise ValueError(f"{fn}: k and v have no tokens (N=0) but q has {dims.len_q}; attention over no keys is undefined")
     return dims

@@ -37,7 +37,8 @@ def _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs,
     scale = sm_scale if sm_scale is not None else kw.scale
     if scale is None:
         scale = 1.0 / math.sqrt(dims.head_dim)
-    C.check_device(fn, q, _interpreting())
+    if q.device.type != "cuda":  # (the environment is read only then)
+        C.check_device(fn, q, _interpreting())
     return dims, scale, kw
 
 
@@ -123,9 +124,11 @@ def sageattn(
     backend, options = dispatch.chosen(q.device)
     if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
-    func = _CUDA_FUNCTIONS[backend]
-    return func(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=scale,
-                return_lse=return_lse, **dict(options))
+    # the chosen kernel function's pipeline, without validating again what _common just did
+    # (options: dispatch's constants, which tests/test_dispatch.py holds to each function's choices)
+    opts = dict(options)
+    return _cuda_run(fn, dispatch.BACKENDS[backend].extension, q, k, v, tensor_layout, dims, is_causal, scale,
+                     opts["qk_quant_gran"], opts["pv_accum_dtype"], True, False, return_lse)
 
 
 def sageattn_qk_int8_pv_fp16_triton(
@@ -174,6 +177,13 @@ def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm
         modes = " or ".join(repr(m) for m in smooth_v_modes) or "no mode of this function"
         raise ValueError(f"{fn}: smooth_v=True works with pv_accum_dtype {modes}, got {pv_accum_dtype!r}")
     dims, scale, _ = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    return _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
+                     smooth_k, smooth_v, return_lse)
+
+
+def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
+              smooth_k, smooth_v, return_lse):
+    """The compiled pipeline (_cuda.py) on validated arguments."""
     require(fn, module)
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, return_lse)
@@ -299,8 +309,5 @@ def sageattn_varlen(
     return (o, lse) if return_lse else o
 
 
-_CUDA_FUNCTIONS = {
-    "cuda_fp16": sageattn_qk_int8_pv_fp16_cuda,
-    "cuda_fp8": sageattn_qk_int8_pv_fp8_cuda,
-    "cuda_sm90": sageattn_qk_int8_pv_fp8_cuda_sm90,
-}
+# what each CUDA kernel function accepts as pv_accum_dtype (sageattn's options must be among them)
+_PV_CHOICES = {"cuda_fp16": _PV_FP16, "cuda_fp8": _PV_FP8, "cuda_sm90": _PV_SM90}

@@ -173,15 +173,26 @@ def report(device=None) -> Dict[str, str]:
 
 
 _warned: set = set()
-_cache: Dict[tuple, Choice] = {}
+_cache: Dict[tuple, Choice] = {}  # keys (capability, "choice") and ("device", type, index)
 
 
 def choose(device: torch.device) -> Choice:
     """The backend ``sageattn`` runs on ``device``, warning once per GPU kind on a fallback."""
+    # by device first: reading the capability costs more than the rest of a short call's checks
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    index = device.index
+    if index is None and device.type == "cuda":
+        index = torch.cuda.current_device()
+    dkey = ("device", device.type, index)
+    cached = _cache.get(dkey)
+    if cached is not None:
+        return cached
     cap = capability_of(device)
     key = (cap, "choice")
     cached = _cache.get(key)
     if cached is not None:
+        _cache[dkey] = cached
         return cached
     avail = [n for n in BACKENDS if backend_status(n, cap)[0]]
     choice, skipped = select(cap, avail, _gpu_name(device) if cap is not None else "CPU")
@@ -194,7 +205,7 @@ def choose(device: torch.device) -> Choice:
             RuntimeWarning,
             stacklevel=3,
         )
-    _cache[key] = choice
+    _cache[key] = _cache[dkey] = choice
     return choice
 
 

@@ -126,16 +126,49 @@ def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     seen = {}
 
-    def fake(q, k, v, **kw):
-        seen.update(kw)
+    def fake(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
+             smooth_k, smooth_v, return_lse):
+        seen.update(fn=fn, module=module, layout=tensor_layout, dims=dims, is_causal=is_causal, scale=scale,
+                    gran=qk_quant_gran, pv=pv_accum_dtype, smooth=(smooth_k, smooth_v), lse=return_lse)
         return "ran"
 
     from sageattention import core
 
-    monkeypatch.setitem(core._CUDA_FUNCTIONS, "cuda_fp8", fake)
-    q = torch.randn(1, 1, 4, 8, dtype=torch.float16)
-    assert sa.sageattn(q, q, q, is_causal=True, scale=0.5) == "ran"
-    assert seen["pv_accum_dtype"] == "fp32+fp16" and seen["is_causal"] is True and seen["sm_scale"] == 0.5
+    monkeypatch.setattr(core, "_cuda_run", fake)
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float16)
+    k = torch.randn(1, 1, 6, 8, dtype=torch.float16)
+    assert sa.sageattn(q, k, k, is_causal=True, scale=0.5) == "ran"
+    assert seen == dict(fn="sageattn", module=BACKENDS["cuda_fp8"].extension, layout="HND",
+                        dims=(1, 2, 1, 4, 6, 8), is_causal=True, scale=0.5, gran="per_thread", pv="fp32+fp16",
+                        smooth=(True, False), lse=False)
+
+
+def test_every_preferred_cuda_choice_passes_its_functions_checks():
+    """sageattn hands dispatch's options to the kernel pipeline without the public function's
+    checks: each must be one that function accepts, and no other option may exist (it would be
+    dropped without a word)."""
+    from sageattention import core
+
+    for prefs in list(dispatch.PREFERENCE.values()) + [dispatch.DEFAULT_PREFERENCE]:
+        for choice in prefs:
+            if choice.backend == "triton":
+                assert choice.options == {}
+                continue
+            assert set(choice.options) == {"qk_quant_gran", "pv_accum_dtype"}, choice
+            assert choice.options["qk_quant_gran"] in core._GRANS, choice
+            assert choice.options["pv_accum_dtype"] in core._PV_CHOICES[choice.backend], choice
+
+
+def test_choice_is_kept_per_device(monkeypatch):
+    """The capability is read once per device; a second device of another kind gets its own."""
+    calls = []
+    _fake_gpu(monkeypatch, (8, 9), {"cuda_fp8", "cuda_fp16", "triton"})
+    caps = {0: (8, 9), 1: (8, 0)}
+    monkeypatch.setattr(dispatch, "capability_of", lambda device=None: calls.append(device.index) or caps[device.index])
+    for _ in range(3):
+        assert dispatch.choose(torch.device("cuda", 0)).backend == "cuda_fp8"
+        assert dispatch.choose(torch.device("cuda", 1)).backend == "cuda_fp16"
+    assert calls == [0, 1]
 
 
 def test_available_backends_without_gpu(monkeypatch):

@@ -65,6 +65,7 @@ CASES = [
      ValueError, ["q", "contiguous", "strides"]),
     ("k-last-dim-strided", _dense(F, k=torch.randn(1, 2, 16, 8, dtype=torch.bfloat16, device=DEV).transpose(-1, -2)),
      ValueError, ["k", "contiguous"]),
+    ("k-sparse", _dense(F, k=k0.to_sparse(), v=v0), TypeError, ["k", "dense", "sparse_coo", "to_dense()"]),
     ("kv-shape-mismatch", _dense(F, v=v0[:, :, :4]), ValueError, ["k and v", "(1, 2, 8, 16)", "(1, 2, 4, 16)"]),
     ("batch-mismatch", _dense(F, k=torch.cat([k0, k0]), v=torch.cat([v0, v0])), ValueError, ["batch", "1", "2"]),
     ("head-dim-mismatch", _dense(F, k=k0[..., :8], v=v0[..., :8]), ValueError, ["head dim", "16", "8"]),

@@ -7,6 +7,7 @@ gets the same message whichever entry point it comes through.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Optional, Tuple
 
@@ -124,11 +125,13 @@ def sageattn(
     backend, options = dispatch.chosen(q.device)
     if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
-    # the chosen kernel function's pipeline, without validating again what _common just did
-    # (options: dispatch's constants, which tests/test_dispatch.py holds to each function's choices)
-    opts = dict(options)
+    # the chosen kernel function's pipeline with that function's defaults and dispatch's options,
+    # without validating again what _common just did (the options are dispatch's constants, which
+    # tests/test_dispatch.py holds to each function's choices)
+    opts = {**_CUDA_DEFAULTS[backend], **dict(options)}
     return _cuda_run(fn, dispatch.BACKENDS[backend].extension, q, k, v, tensor_layout, dims, is_causal, scale,
-                     opts["qk_quant_gran"], opts["pv_accum_dtype"], True, False, return_lse)
+                     opts["qk_quant_gran"], opts["pv_accum_dtype"], opts["smooth_k"], opts.get("smooth_v", False),
+                     return_lse)
 
 
 def sageattn_qk_int8_pv_fp16_triton(
@@ -311,3 +314,9 @@ def sageattn_varlen(
 
 # what each CUDA kernel function accepts as pv_accum_dtype (sageattn's options must be among them)
 _PV_CHOICES = {"cuda_fp16": _PV_FP16, "cuda_fp8": _PV_FP8, "cuda_sm90": _PV_SM90}
+# each CUDA kernel function's keyword defaults: what sageattn runs unless dispatch's options say otherwise
+_CUDA_DEFAULTS = {
+    name: {p.name: p.default for p in inspect.signature(f).parameters.values() if p.default is not p.empty}
+    for name, f in (("cuda_fp16", sageattn_qk_int8_pv_fp16_cuda), ("cuda_fp8", sageattn_qk_int8_pv_fp8_cuda),
+                    ("cuda_sm90", sageattn_qk_int8_pv_fp8_cuda_sm90))
+}

@@ -141,6 +141,13 @@ def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
     assert seen == dict(fn="sageattn", module=BACKENDS["cuda_fp8"].extension, layout="HND",
                         dims=(1, 2, 1, 4, 6, 8), is_causal=True, scale=0.5, gran="per_thread", pv="fp32+fp16",
                         smooth=(True, False), lse=False)
+    # a choice without options (as tests force one) runs the function's own defaults
+    _fake_gpu(monkeypatch, (8, 9), {"cuda_fp16", "triton"})
+    monkeypatch.setitem(dispatch.PREFERENCE, (8, 9), (dispatch.Choice("cuda_fp16"),))
+    assert sa.sageattn(q, k, k, return_lse=True) == "ran"
+    assert seen["module"] == BACKENDS["cuda_fp16"].extension and seen["lse"] is True
+    assert (seen["gran"], seen["pv"], seen["smooth"]) == ("per_thread", "fp32", (True, False))
+    assert seen["scale"] == pytest.approx(8 ** -0.5, rel=1e-12)
 
 
 def test_every_preferred_cuda_choice_passes_its_functions_checks():
@@ -154,7 +161,7 @@ def test_every_preferred_cuda_choice_passes_its_functions_checks():
             if choice.backend == "triton":
                 assert choice.options == {}
                 continue
-            assert set(choice.options) == {"qk_quant_gran", "pv_accum_dtype"}, choice
+            assert set(choice.options) <= {"qk_quant_gran", "pv_accum_dtype"}, choice
             assert choice.options["qk_quant_gran"] in core._GRANS, choice
             assert choice.options["pv_accum_dtype"] in core._PV_CHOICES[choice.backend], choice
 

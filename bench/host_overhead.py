@@ -1,0 +1,59 @@
+"""Host time of one call, next to its GPU time, for the sageattention package under a given root
+(to compare two versions of the Python code in one process-per-version run on one machine).
+
+    python bench/host_overhead.py [ROOT] [LABEL]     ROOT: the directory holding sageattention/
+                                                     (default: this checkout); LABEL: the first column
+
+Host µs/call: the GPU is held busy by a sleep kernel while 50 calls are queued; the wall time per
+call is then what the CPU spends (checks, dispatch, the op calls, the launches); best of 5. GPU µs:
+do_bench median of three (a call whose host time exceeds its GPU time is host-bound, and do_bench
+then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
+LABEL = sys.argv[2] if len(sys.argv) > 2 else "this checkout"
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+import sageattention as sa  # noqa: E402
+
+if not Path(sa.__file__).resolve().is_relative_to(ROOT):
+    sys.exit(f"imported {sa.__file__}, not the package under {ROOT}")
+
+
+def host_us(fn, calls: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda._sleep(400_000_000)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def main() -> None:
+    for b, h, n, d in [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128)]:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        calls = {
+            "sageattn": lambda: sa.sageattn(q, k, v),
+            "sageattn causal": lambda: sa.sageattn(q, k, v, is_causal=True),
+            "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
+        }
+        for name, fn in calls.items():
+            g = 1e3 * statistics.median(do_bench(fn, warmup=25, rep=100, return_mode="median") for _ in range(3))
+            print(f"| {LABEL} | {b}x{h}x{n}x{d} | {name} | {host_us(fn):.1f} | {g:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,9 +10,7 @@ do_bench median of three (a call whose host time exceeds its GPU time is host-bo
 then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
@@ -20,26 +18,12 @@ LABEL = sys.argv[2] if len(sys.argv) > 2 else "this checkout"
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+from timing import gpu_us, host_us  # noqa: E402  (bench/timing.py: torch and triton only)
 
 import sageattention as sa  # noqa: E402
 
 if not Path(sa.__file__).resolve().is_relative_to(ROOT):
     sys.exit(f"imported {sa.__file__}, not the package under {ROOT}")
-
-
-def host_us(fn, calls: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        torch.cuda._sleep(400_000_000)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return best
 
 
 def main() -> None:
@@ -51,8 +35,7 @@ def main() -> None:
             "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
         }
         for name, fn in calls.items():
-            g = 1e3 * statistics.median(do_bench(fn, warmup=25, rep=100, return_mode="median") for _ in range(3))
-            print(f"| {LABEL} | {b}x{h}x{n}x{d} | {name} | {host_us(fn):.1f} | {g:.1f} |", flush=True)
+            print(f"| {LABEL} | {b}x{h}x{n}x{d} | {name} | {host_us(fn, rounds=5):.1f} | {gpu_us(fn):.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ A call whose host time exceeds its GPU time is host-bound: the GPU idles between
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,28 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sageattention as sa  # noqa: E402
 from sageattention import _cuda  # noqa: E402
-
-
-def gpu_us(fn) -> float:
-    from triton.testing import do_bench
-
-    fn()
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(do_bench(fn, warmup=25, rep=100, return_mode="median") for _ in range(3))
-
-
-def host_us(fn, calls: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU work queued ahead of the calls
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return best
+from timing import gpu_us, host_us  # noqa: E402  (bench/timing.py)
 
 
 def sdpa(backend):

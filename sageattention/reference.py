@@ -70,6 +70,12 @@ class QuantConfig:
     k_mean_rows: Optional[int] = None
     smooth_v: bool = False
     v_scale_max: float = FP8_E4M3_MAX
+    # fp8 V without smoothing: each channel's scale from the largest |v| of v_amax_rows evenly
+    # spaced keys (k_sample_index) times v_amax_margin, not of all of them, when not None (the
+    # fp8 kernels' quant_qkv); a channel that would overflow that scale anywhere gets the
+    # exact one (see quantize_v_fp8)
+    v_amax_rows: Optional[int] = None
+    v_amax_margin: float = 8.0
     p_scale: float = FP8_E4M3_MAX
     # row sums l of the rounded P that the PV product multiplies (the sm90 kernel reads them
     # off its tensor cores, a column of ones next to V) instead of the unrounded P
@@ -93,6 +99,10 @@ class QuantConfig:
             raise ValueError("mma_bits models the FP8 tensor-core product-sum; it needs pv='fp8'")
         if self.k_mean_rows is not None and self.k_mean_rows < 1:
             raise ValueError(f"k_mean_rows must be None or >= 1, got {self.k_mean_rows}")
+        if self.v_amax_rows is not None and self.v_amax_rows < 1:
+            raise ValueError(f"v_amax_rows must be None or >= 1, got {self.v_amax_rows}")
+        if not self.v_amax_margin >= 1.0:
+            raise ValueError(f"v_amax_margin must be >= 1, got {self.v_amax_margin}")
         for name in ("blk_q", "blk_k", "warp_q", "warp_k", "block_n", "mma_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -204,12 +214,23 @@ def round_to(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def quantize_v_fp8(
-    v: torch.Tensor, scale_max: float = FP8_E4M3_MAX, smooth: bool = False
+    v: torch.Tensor,
+    scale_max: float = FP8_E4M3_MAX,
+    smooth: bool = False,
+    amax_rows: Optional[int] = None,
+    margin: float = 8.0,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Per-channel FP8 e4m3 of ``v [..., N, D]``.
 
     Returns ``(vq, v_scale [..., D], vm [..., D] or None)`` with
     ``v ~= vq * v_scale (+ vm)``; a constant or all-zero channel gets a finite scale.
+
+    The scale is ``amax / scale_max`` with ``amax`` the channel's largest ``|v|`` (after the
+    mean's subtraction when smoothing). With ``amax_rows`` (and no smoothing) it is that of the
+    ``amax_rows`` keys of :func:`k_sample_index` times ``margin`` instead, so that the
+    quantization need not read every key first; a channel where some ``|v|`` times the inverse
+    scale (fp32) would exceed ``scale_max`` falls back to the exact ``amax``. No value is
+    ever clipped.
     """
     v = v.float()
     vm = None
@@ -217,8 +238,19 @@ def quantize_v_fp8(
         vm = v.mean(dim=-2)
         v = v - vm.unsqueeze(-2)
     amax = v.abs().amax(dim=-2).clamp_min(AMAX_EPS)  # [..., D]
-    vq = round_to(v * (scale_max / amax).unsqueeze(-2), "fp8")
+    if amax_rows is not None and not smooth and v.shape[-2] > 0:
+        rows = v[..., k_sample_index(v.shape[-2], amax_rows, v.device), :]
+        est = (rows.abs().amax(dim=-2) * torch.tensor(margin, dtype=torch.float32)).clamp_min(AMAX_EPS)
+        over = (v * _fdiv(scale_max, est).unsqueeze(-2)).abs().gt(scale_max).any(dim=-2)
+        amax = torch.where(over, amax, est)
+    vq = round_to(v * _fdiv(scale_max, amax).unsqueeze(-2), "fp8")
     return vq, amax / scale_max, vm
+
+
+def _fdiv(num: float, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` per element, correctly rounded as the kernels' ``__fdiv_rn`` (torch's
+    ``float / tensor`` is a reciprocal and a multiply, which can differ in the last bit)."""
+    return torch.full_like(den, num) / den
 
 
 def mma_truncated(a: torch.Tensor, b: torch.Tensor, bits: int, k: int = 32) -> torch.Tensor:
@@ -370,7 +402,7 @@ def attention_quantized(
     # V operand
     vm = v_scale = None
     if cfg.pv == "fp8":
-        vop, v_scale, vm = quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v)
+        vop, v_scale, vm = quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v, cfg.v_amax_rows, cfg.v_amax_margin)
     else:
         v32 = vh.float()
         if cfg.smooth_v:

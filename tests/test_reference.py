@@ -121,6 +121,42 @@ def test_v_fp8_per_channel():
     assert torch.allclose(vm[..., 3], torch.full_like(vm[..., 3], 7.0))
 
 
+def test_v_fp8_sampled_scale_by_hand():
+    """amax_rows: the scale is margin times the sample's largest |v| (sample: the middle key of
+    each stretch); a channel with a value that would pass scale_max gets the exact scale."""
+    v = torch.zeros(1, 1, 8, 3)
+    v[..., 1, :] = torch.tensor([1.0, 2.0, -0.5])  # the sample of 4 rows out of 8: rows 1, 3, 5, 7
+    v[..., 4, 0] = 7.9    # not in the sample, within 8x: channel 0 keeps the sampled scale
+    v[..., 6, 1] = -16.5  # past 8x the sample's 2.0: channel 1 falls back
+    vq, scale, vm = quantize_v_fp8(v, amax_rows=4, margin=8.0)
+    assert vm is None
+    assert scale.flatten().tolist() == pytest.approx([8.0 / 448, 16.5 / 448, 4.0 / 448], rel=1e-6)
+    assert vq[..., 6, 1].item() == -448.0 and vq.abs().max() <= FP8_E4M3_MAX  # the exact scale: no clipping
+    assert vq[..., 4, 0].item() == pytest.approx(7.9 * 56, rel=2 ** -4)
+    # the exact scale everywhere when smoothing, or without a sample
+    for kw in ({"smooth": True, "amax_rows": 4}, {}):
+        _, s, _ = quantize_v_fp8(v, **kw)
+        assert torch.equal(s, quantize_v_fp8(v, smooth=kw.get("smooth", False))[1])
+
+
+def test_v_fp8_sampled_scale_keeps_values():
+    """With the sampled scale, dequantized V stays within e4m3's step of V, as with the
+    exact one, for any mix of channels (outliers off the sample included)."""
+    g = torch.Generator().manual_seed(3)
+    size = torch.logspace(-3, 3, 64)
+    v = torch.randn(2, 3, 1000, 64, generator=g) * size
+    v[0, 0, 17, :8] = 100.0 * size[:8]  # key 17 is not in the 128-key sample of 1000
+    vq, scale, _ = quantize_v_fp8(v, amax_rows=128, margin=8.0)
+    exact = quantize_v_fp8(v)[1]
+    fell_back = torch.eq(scale, exact)
+    assert fell_back[0, 0, :8].all() and int(fell_back.sum()) == 8  # Gaussian channels stay within 8x
+    assert vq.abs().max() <= FP8_E4M3_MAX
+    back = vq * scale.unsqueeze(-2)
+    big = v.abs() > scale.unsqueeze(-2) * 2 ** -6 * 2
+    assert ((back - v).abs()[big] <= v.abs()[big] * 2 ** -4 + 1e-6).all()
+    assert ((back - v).abs() <= scale.unsqueeze(-2) * 2 ** -9 + v.abs() * 2 ** -4).all()
+
+
 # ---------------------------------------------------------------------------------------
 # exact attention is what torch's SDPA computes
 

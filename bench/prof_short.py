@@ -5,7 +5,7 @@
 For each shape it prints, in microseconds:
   - the end-to-end GPU time (do_bench median) of sageattn, of the sm90 function and of cuDNN;
   - each stage of the sm90 pipeline alone (do_bench on prepared inputs): the separate
-    quantization ops, and quant_qkv, which replaces them (its two kernels also profiled);
+    quantization ops, and quant_qkv, which replaces them (its kernels also profiled);
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
     queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
 A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
@@ -57,7 +57,7 @@ def stages(q, k, v):
         "quant_q": lambda: op.quant_int8(q, None, None, scale, _cuda.WARP_Q, 8, nq_pad, dp),
         "quant_k": lambda: op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp),
         "quant_v": lambda: op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp),
-        # the four rows above in one op (what _cuda.forward calls): statistics, then quantization
+        # the four rows above in one op (what _cuda.forward calls): statistics, quantization, V fallback
         "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp),
         "attn": lambda: op.attn(q8, k8, v8, qs, ks, vs, None, None, 8, 4, nq, nk, d, False, 2, False, False,
                                 d ** -0.5, q.dtype),

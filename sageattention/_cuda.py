@@ -22,6 +22,9 @@ FP8_MAX = 448.0
 # the fp8 families' quant_qkv smooths K by the mean of this many evenly spaced keys
 # (kKSampleRows in quant_qkv.cu; reference.k_sample_index)
 K_SAMPLE_ROWS = 128
+# ... and, unless V is smoothed, scale V's fp8 channels by the largest |v| of the same keys
+# times this (kVAmaxMargin in quant_qkv.cu; channels that overflow it get the exact scale)
+V_AMAX_MARGIN = 8.0
 # fp32+fp16: 448 (|P|) * 2.25 (|V|) * 64 (keys per block) = 64512 < 65504, the fp16 maximum
 V_MAX_FP16_ACCUM = 2.25
 ACCUM = {"fp32": 0, "fp16+fp32": 1, "fp32+fp32": 2, "fp32+fp16": 3}
@@ -133,8 +136,8 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
 
     v_scale = v_mean = None
     if _fp8(module):
-        # K mean (of a sample of K_SAMPLE_ROWS keys), Q, K and V quantization in one op (two
-        # launches); its K mean is its own fixed-order sum, equal to torch's up to the last bits
+        # K mean and V scale (of a sample of K_SAMPLE_ROWS keys), Q, K and V quantization in one
+        # op; its K mean is its own fixed-order sum, equal to torch's up to the last bits
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
         q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
             qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,
@@ -172,6 +175,7 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         block_n=kv_block(module),
         pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
         k_mean_rows=K_SAMPLE_ROWS if fp8 else None,
+        v_amax_rows=K_SAMPLE_ROWS if fp8 else None, v_amax_margin=V_AMAX_MARGIN,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
         l_from_pv=module == SM90,
         mma_bits=SM90_MMA_BITS if module == SM90 else None,

@@ -126,13 +126,14 @@ def test_python_constants_match_the_kernels():
     sys.path.insert(0, ca.ROOT)
     from sageattention import _cuda
 
-    def const(path, name):
+    def const(path, name, kind="int", pattern=r"(\d+)"):
         text = open(os.path.join(ca.ROOT, ca.KERNELS, path)).read()
-        m = re.search(rf"constexpr int {name} = (\d+);", text)
+        m = re.search(rf"constexpr {kind} {name} = {pattern};", text)
         assert m, f"{name} not found in {path}"
         return int(m.group(1))
 
     assert const("quant_qkv.cu", "kKSampleRows") == _cuda.K_SAMPLE_ROWS
+    assert const("quant_qkv.cu", "kVAmaxMargin", "float", r"(\d+)\.f") == _cuda.V_AMAX_MARGIN
     assert const("launch.h", "kSm90BlockK") == _cuda.SM90_BLOCK_K
     assert const("launch.h", "kAttnWarpQ") == _cuda.WARP_Q
     assert const("launch.h", "kAttnBlockQ") == _cuda.BLOCK_Q

@@ -278,7 +278,7 @@ def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, 
     sample = kh[:, :, k_sample_index(kh.shape[2], _cuda.K_SAMPLE_ROWS, kh.device)]
     km_torch = sample.mean(dim=2, dtype=torch.float32) if smooth_k else None
     k8_torch, ks_torch, _ = op.quant_int8(kh, km_torch, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
-    v_given = _v_fp8_given_mean(vh, new[8] if smooth_v else None, vmax, nk_pad, dp)
+    v_given = _v_fp8_given_mean(vh, new[8] if smooth_v else None, vmax, nk_pad, dp, sampled=not smooth_v)
     return new, (q8, qs, qdot, k8, ks, km_torch, v8, vs, vm), (k8_torch, ks_torch), v_given
 
 
@@ -286,10 +286,11 @@ def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, 
 _V_PERM = torch.tensor([0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15])
 
 
-def _v_fp8_given_mean(vh, v_mean, vmax, nk_pad, dp):
+def _v_fp8_given_mean(vh, v_mean, vmax, nk_pad, dp, sampled=False):
     """quant_v_fp8's codes and scales recomputed in torch from V and a given V mean (null: no
     smoothing), in the op's layout [B, H, dp, nk_pad]: fp32 subtract, divide and multiply as
-    the kernels do them, round to nearest e4m3."""
+    the kernels do them, round to nearest e4m3. `sampled` (no mean): quant_qkv's scale, the
+    K sample's largest |v| times V_AMAX_MARGIN, or the exact one where a value overflows that."""
     b, h, n, d = vh.shape
     x = vh.float()
     mx, mn = x.amax(2), x.amin(2)
@@ -301,6 +302,11 @@ def _v_fp8_given_mean(vh, v_mean, vmax, nk_pad, dp):
         amax = torch.maximum(mx, -mn)
     amax = amax.clamp_min(AMAX_EPS)
     vmax_t = torch.full_like(amax, vmax)  # tensor / tensor: IEEE division (a scalar divisor is a reciprocal)
+    if sampled:
+        rows = x[:, :, k_sample_index(n, _cuda.K_SAMPLE_ROWS, x.device)]
+        est = (torch.maximum(rows.amax(2), -rows.amin(2)) * _cuda.V_AMAX_MARGIN).clamp_min(AMAX_EPS)
+        over = (x * (vmax_t / est)[:, :, None, :]).abs().gt(vmax).any(2)
+        amax = torch.where(over, amax, est)
     codes = (x * (vmax_t / amax)[:, :, None, :]).to(torch.float8_e4m3fn).view(torch.uint8)
     out = torch.zeros(b, h, dp, nk_pad, dtype=torch.uint8, device=vh.device)
     out[:, :, :d, :n] = codes.transpose(2, 3)
@@ -309,18 +315,22 @@ def _v_fp8_given_mean(vh, v_mean, vmax, nk_pad, dp):
     return out, amax / torch.full_like(amax, vmax)
 
 
-def _check_quant_qkv(new, old, k_torch, rowdot, v_given):
-    """V's statistics are quant_v_fp8's to the bit (quant_qkv keeps its summation order), and
-    V's codes those of V and the op's own statistics."""
+def _check_quant_qkv(new, old, k_torch, rowdot, v_given, smooth_v):
+    """Smoothing V, V's statistics are quant_v_fp8's to the bit (quant_qkv keeps its summation
+    order); V's codes are those of V and the op's own statistics, and without smoothing its
+    scales the sampled ones (or exact where a value overflows them)."""
     nq8, nqs, nqdot, nk8, nks, nkm, nv8, nvs, nvm = new
     q8, qs, qdot, k8, ks, km_torch, v8, vs, vm = old
     # Q: bit for bit
     assert torch.equal(nq8, q8) and torch.equal(nqs, qs)
     # V: the codes given the op's own V mean; the statistics against quant_v_fp8's
     assert torch.equal(nv8.view(torch.uint8), v_given[0])
-    assert torch.equal(nv8.view(torch.uint8), v8.view(torch.uint8))
-    assert torch.equal(nvs, vs) and torch.equal(nvm, vm)
     assert torch.equal(nvs, v_given[1])
+    if smooth_v:
+        assert torch.equal(nv8.view(torch.uint8), v8.view(torch.uint8))
+        assert torch.equal(nvs, vs) and torch.equal(nvm, vm)
+    else:
+        assert nvm.numel() == 0
     # K: bit for bit given the same K mean; the K mean itself is torch's up to the last bits
     assert torch.equal(nk8, k8) and torch.equal(nks, ks)
     if km_torch is not None:
@@ -349,7 +359,7 @@ def test_quant_qkv_matches_separate_ops(backend, n, d, gran, smooth_k, smooth_v,
     q, k, v = make_qkv(1, 4, 2, n + 1, n, d, dtype, layout, "cuda", k_bias=1.0, seed=n + d)
     v = v + 0.5
     new, old, k_torch, v_given = _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot)
-    _check_quant_qkv(new, old, k_torch, rowdot, v_given)
+    _check_quant_qkv(new, old, k_torch, rowdot, v_given, smooth_v)
 
 
 LONG_CASES = [(16384, 16384, 128), (32768 - 5, 32768 - 5, 64), (4096, 100, 128), (100, 40000, 64)]
@@ -364,17 +374,18 @@ def test_quant_qkv_long_sequences(nq, nk, d, smooth_k, smooth_v):
     q, k, v = make_qkv(1, 2, 1, nq, nk, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=nk)
     v = v + 0.5
     new, old, k_torch, v_given = _quant_qkv_both(SM90, q, k, v, "HND", "per_thread", smooth_k, smooth_v, False)
-    _check_quant_qkv(new, old, k_torch, False, v_given)
+    _check_quant_qkv(new, old, k_torch, False, v_given, smooth_v)
 
 
+@pytest.mark.parametrize("smooth_v", [True, False])
 @pytest.mark.parametrize("gran", ["per_warp", "per_thread"])
 @pytest.mark.parametrize("n", [17, 1000])
-def test_quant_qkv_d256_and_fp16_accum_scale(gran, n):
+def test_quant_qkv_d256_and_fp16_accum_scale(gran, n, smooth_v):
     """Head dim 256 (the mma.sync fp8 family only) and V scaled for the fp16-accumulating PV."""
     q, k, v = make_qkv(2, 2, 1, n, n, 256, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=n)
-    new, old, k_torch, v_given = _quant_qkv_both(FP8, q, k, v, "HND", gran, True, True, True,
+    new, old, k_torch, v_given = _quant_qkv_both(FP8, q, k, v, "HND", gran, True, smooth_v, True,
                                                  vmax=_cuda.V_MAX_FP16_ACCUM)
-    _check_quant_qkv(new, old, k_torch, True, v_given)
+    _check_quant_qkv(new, old, k_torch, True, v_given, smooth_v)
 
 
 @pytest.mark.parametrize("n", [17, 1000])
@@ -385,7 +396,40 @@ def test_quant_qkv_misaligned_inputs(backend, n):
     base = torch.randn(1, 4, n, 2 * 72 + 1, device="cuda", dtype=torch.bfloat16)
     q, k, v = base[..., 1:73], base[:, :2, :, 73:145], base[:, 2:, :, 2:74]
     new, old, k_torch, v_given = _quant_qkv_both(backend, q, k, v, "HND", "per_thread", True, True, True)
-    _check_quant_qkv(new, old, k_torch, True, v_given)
+    _check_quant_qkv(new, old, k_torch, True, v_given, True)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("n", [1000, 4097])
+@pytest.mark.parametrize("backend", [FP8, SM90])
+def test_quant_qkv_v_outliers_off_the_sample(backend, n, layout):
+    """V's scale comes from the 128-key sample (times 8) unless a value anywhere would overflow
+    it: outliers on keys outside the sample (up to 1e4, bf16) put exactly their channels on
+    the exact scale, nothing is clipped, and the attention follows the reference."""
+    fn, ext = _need(backend)
+    q, k, v = make_qkv(1, 4, 2, n, n, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=n)
+    vh = v.transpose(1, 2) if layout == "NHD" else v
+    taken = set(k_sample_index(n, _cuda.K_SAMPLE_ROWS).tolist())
+    off = [i for i in range(n) if i not in taken]
+    vh[0, 0, off[3], :5] = 300.0
+    vh[0, 1, off[-1], 100] = -1e4
+    vh[0, 1, off[0], 64:96] = 50.0
+    vh[0, 1, off[1], 7] = 3.0  # within 8x of the sample: no fallback
+    new, old, k_torch, v_given = _quant_qkv_both(backend, q, k, v, layout, "per_thread", True, False, False)
+    _check_quant_qkv(new, old, k_torch, False, v_given, False)
+    exact = old[7]  # quant_v_fp8's scales: the largest |v| of every key
+    same = torch.eq(new[7], exact)[0]
+    want = torch.zeros_like(same)
+    want[0, :5] = want[1, 100] = True
+    want[1, 64:96] = True
+    assert torch.equal(same[:, :128], want)
+    assert new[6].view(torch.uint8)[0, 1, 100].eq(0xFE).any()  # -1e4 is -448 at its exact scale
+    o = fn(q, k, v, tensor_layout=layout)
+    opts = cuda_defaults(backend)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
+    ro = attention_quantized(q, k, v, layout, False, None, False, cfg)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"{backend} V outliers", fp8=True)
+    assert_close_to_fp32(o, sdpa_fp32(q, k, v, layout), backend, **FP8_BARS)
 
 
 @pytest.mark.parametrize("backend", [FP8, SM90])

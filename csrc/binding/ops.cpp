@@ -70,9 +70,9 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
   return {out, scale, mean};
 }
 
-// quant_int8(Q), quant_int8(K, K mean) and quant_v_fp8(V) in two launches (statistics, then
-// quantization); the K mean (of a 128-key sample, quant_qkv.cu) is computed here (fp32,
-// [B, Hkv, D]) and returned.
+// quant_int8(Q), quant_int8(K, K mean) and V's fp8 quantization in one op (statistics of a
+// key sample, quantization, and the rare V scale fallback: quant_qkv.cu); the K mean (of a
+// 128-key sample) is computed here (fp32, [B, Hkv, D]) and returned.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
     const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
     bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad) {
@@ -109,7 +109,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   Tensor v8 = at::empty({B, Hkv, d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
   Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
   Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
-  Tensor v_inv = at::empty({B, Hkv, d_pad}, f32);
+  // v_inv, then (a sampled V scale) the overflow flags, as many 32-bit words
+  Tensor v_work = at::empty({smooth_v ? 1 : 2, B, Hkv, d_pad}, f32);
   p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;
@@ -121,7 +122,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.v_out = reinterpret_cast<uint8_t*>(v8.data_ptr());
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
-  p.v_inv = v_inv.data_ptr<float>();
+  p.v_inv = v_work.data_ptr<float>();
+  p.v_over = smooth_v ? nullptr : reinterpret_cast<uint32_t*>(p.v_inv + B * Hkv * d_pad);
   check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
   return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
 }

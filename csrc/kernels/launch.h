@@ -49,11 +49,13 @@ struct QuantVFp8Params {
 };
 cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream);
 
-// Q, K and V quantized together in two launches: per-channel statistics (the K mean over a
-// sample of 128 evenly spaced keys, every key up to 128; V's sum/max/min over all keys -> V
-// scale and mean), then one grid whose blocks quantize V tiles, K row blocks and Q row blocks.
-// Same outputs as quant_int8 (Q with block_rows kAttnWarpQ, K with kAttnBlockK and the K mean)
-// and quant_v_fp8, given that K mean (this kernel's own fixed-order fp32 sum / rows).
+// Q, K and V quantized together: per-channel statistics over a sample of 128 evenly spaced
+// keys (every key up to 128): the K mean and V's largest |v| (V's scale: 8x that, or, when
+// smoothing V, its sum/max/min over all keys -> scale and mean), then one grid whose blocks
+// quantize V tiles, K row blocks and Q row blocks, then (sampled V scale only) a grid that
+// gives channels a value overflowed in the exact scale and quantizes them again. Same outputs
+// as quant_int8 (Q with block_rows kAttnWarpQ, K with kAttnBlockK and the K mean), given that
+// K mean (this kernel's own fixed-order fp32 sum / rows), and, when smoothing V, quant_v_fp8.
 struct QuantQKVParams {
   Input4D q;                   // [B, Hq, Nq, D]
   Input4D k, v;                // [B, Hkv, Nk, D] each, Hkv dividing Hq
@@ -71,6 +73,8 @@ struct QuantQKVParams {
   float* v_scale;              // [B, Hkv, d_pad]
   float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
+  uint32_t* v_over;            // [B, Hkv, d_pad] workspace: channels whose sampled scale a value
+                               // overflowed (not smoothing V; else null)
 };
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif

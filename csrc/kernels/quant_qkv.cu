@@ -1,17 +1,25 @@
 // Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch
 // K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
-//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): the K sum over the K
-//      sample's rows (-> K mean) and V's sum, max and min over all keys (-> V scale, inverse
-//      scale and mean). The V part keeps quant_fp8.cu's pass-1 thread layout and summation
-//      order, so V's statistics are bit-identical to quant_v_fp8's.
+//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): the K sum over the
+//      sample's rows (-> K mean) and V's scale: from the sample's largest |v| times
+//      kVAmaxMargin, or, when V is smoothed, from V's sum, max and min over all keys (-> V
+//      scale, inverse scale and mean; quant_fp8.cu's pass-1 thread layout and summation
+//      order, so those statistics are bit-identical to quant_v_fp8's).
 //   2. qkv_quant_kernel, a 1-D grid in three ranges: Q blocks (one warp per 16-row scale
 //      block), V tiles (one warp per 64 tokens x 32 channels) and K blocks (one CTA per 64-row
 //      scale block). Every warp loads its rows into registers once, reduces the
 //      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
 //      is quant_int8.cu's and quant_fp8.cu's. On Hopper (programmatic dependent launch) the Q
 //      blocks, which need no statistics unless q . (K mean) is asked for, run while the
-//      statistics kernel still does; V and K wait for it.
+//      statistics kernel still does; V and K wait for it. A V tile that finds a value the
+//      sampled scale would push past v_scale_max flags its channel (it is still written,
+//      saturated).
+//   3. qkv_vfix_kernel, only for a sampled V scale, one CTA per (batch, kv head, 32 channels):
+//      nothing unless one of its channels was flagged; then those channels get the exact
+//      scale (their largest |v| over all keys, as quant_v_fp8) and the CTA writes its 32
+//      channels of V again. Real V stays well inside 8x its sample's maximum, so this runs
+//      for adversarial inputs only, and no value is ever clipped.
 //
 // (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
 // were combined across CTAs was slower at every length once K's mean came from a sample;
@@ -35,6 +43,12 @@ constexpr int kStatChains = kStatThreads / (kStatChannels / 8);   // 64 token ch
 // before K, Q (q . mean) and the attention can start.
 constexpr int kKSampleRows = 128;
 static_assert(kKSampleRows % kStatChains == 0, "each token chain adds the same number of sample rows");
+// V's per-channel fp8 scale, unless V is smoothed, comes from the same sample: its largest
+// |v| times this margin (a power of two, so the product is exact). Values up to 8x the
+// sample's maximum fit; the scale's only cost is e4m3's subnormal range starting 8x higher
+// (bench/NOTES.md). A channel with a larger value anywhere falls back to the exact maximum
+// (qkv_vfix_kernel).
+constexpr float kVAmaxMargin = 8.f;
 
 // ---- quantization kernel ----
 constexpr int kWarps = 4;
@@ -125,10 +139,11 @@ __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
   return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
 }
 
-// V's per-channel outputs of head bh, channel c, from the sum, maximum and minimum over all
-// keys: the scale, its inverse (returned) and the mean when smoothing (returned in *mean).
+// V's per-channel outputs of head bh, channel c, from the sum, maximum and minimum over the
+// keys (all of them, or the sample's when `sampled`): the scale, its inverse (returned) and
+// the mean when smoothing (returned in *mean).
 __device__ __forceinline__ float v_stats_out(const QuantQKVParams& p, int64_t bh, int c, float ts, float tmx,
-                                             float tmn, float* mean_out = nullptr) {
+                                             float tmn, bool sampled, float* mean_out = nullptr) {
   const int n = p.v.n;
   float mean = 0.f, amax = 0.f;
   if (c < p.v.d && n > 0) {
@@ -139,6 +154,7 @@ __device__ __forceinline__ float v_stats_out(const QuantQKVParams& p, int64_t bh
       amax = fmaxf(tmx, -tmn);
     }
   }
+  if (sampled) amax = __fmul_rn(amax, kVAmaxMargin);
   amax = fmaxf(amax, kAmaxEps);
   const float inv = __fdiv_rn(p.v_scale_max, amax);
   p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
@@ -157,6 +173,37 @@ __device__ __forceinline__ int k_sample_row(int i, int n, int rows) {
   return static_cast<int>(((2 * static_cast<int64_t>(i) + 1) * n) / (2 * rows));
 }
 
+// V's sum, maximum and minimum over the token chain r (tokens r, r + 64, r + 128, ... in this
+// order: quant_fp8.cu's pass 1) for the eight channels from col0; kAhead tokens are loaded
+// before their adds.
+template <typename T>
+__device__ __forceinline__ void v_chain_all(const T* v, int64_t stride_n, int n, int r, int col0, int d, bool vec,
+                                            float (&s)[8], float (&mx)[8], float (&mn)[8]) {
+  constexpr int kAhead = 4;
+  int t = r;
+  for (; t + (kAhead - 1) * kStatChains < n; t += kAhead * kStatChains) {
+    uint4 xv[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kStatChains) * stride_n, col0, d, vec);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float x = elem<T>(xv[u], i);
+        s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+      }
+    }
+  }
+  for (; t < n; t += kStatChains) {
+    const uint4 xv = load_bits8(v + t * stride_n, col0, d, vec);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x = elem<T>(xv, i);
+      s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
   __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
@@ -170,43 +217,34 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
   const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
   const bool ksum = p.k_mean != nullptr;
+  const bool vfull = p.v_mean != nullptr;  // smoothing V: its mean and range over all keys
 
-  // K: the sample's rows r and r + 64 (loaded first, summed after V's loop)
+  // the sample's rows r and r + 64 of K and, for V's sampled scale, of V (loaded first)
   const int srows = k_sample_rows(n);
-  uint4 xk[kKSampleRows / kStatChains];
+  uint4 xk[kKSampleRows / kStatChains], xs[kKSampleRows / kStatChains];
 #pragma unroll
   for (int u = 0; u < kKSampleRows / kStatChains; ++u) {
     const int i = r + u * kStatChains;
-    xk[u] = ksum && i < srows ? load_bits8(k + k_sample_row(i, n, srows) * p.k.stride_n, col0, d, kvec)
-                              : make_uint4(0u, 0u, 0u, 0u);
+    const int64_t row = i < srows ? k_sample_row(i, n, srows) : 0;
+    xk[u] = ksum && i < srows ? load_bits8(k + row * p.k.stride_n, col0, d, kvec) : make_uint4(0u, 0u, 0u, 0u);
+    xs[u] = !vfull && i < srows ? load_bits8(v + row * p.v.stride_n, col0, d, vvec) : make_uint4(0u, 0u, 0u, 0u);
   }
 
-  // V: chain r adds tokens r, r + 64, r + 128, ... in this order (quant_fp8.cu pass 1);
-  // kAhead tokens are loaded before their adds.
-  constexpr int kAhead = 4;
   float s[8], mx[8], mn[8], sk[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
-  int t = r;
-  for (; t + (kAhead - 1) * kStatChains < n; t += kAhead * kStatChains) {
-    uint4 xv[kAhead];
+  if (vfull) {
+    v_chain_all<T>(v, p.v.stride_n, n, r, col0, d, vvec, s, mx, mn);
+  } else {
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) xv[u] = load_bits8(v + (t + u * kStatChains) * p.v.stride_n, col0, d, vvec);
+    for (int u = 0; u < kKSampleRows / kStatChains; ++u) {
+      if (r + u * kStatChains < srows) {
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float x = elem<T>(xv[u], i);
-        s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+        for (int i = 0; i < 8; ++i) {
+          const float x = elem<T>(xs[u], i);
+          mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
+        }
       }
-    }
-  }
-  for (; t < n; t += kStatChains) {
-    const uint4 xv = load_bits8(v + t * p.v.stride_n, col0, d, vvec);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float x = elem<T>(xv, i);
-      s[i] += x, mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
     }
   }
 #pragma unroll
@@ -235,7 +273,8 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
     tk += red[3][w][tid];
   }
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
-  v_stats_out(p, bh, c0 + tid, ts, tmx, tmn);
+  v_stats_out(p, bh, c0 + tid, ts, tmx, tmn, !vfull);
+  if (!vfull) p.v_over[bh * p.d_pad + c0 + tid] = 0u;  // set by the quantization on overflow
   if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = srows > 0 ? __fdiv_rn(tk, static_cast<float>(srows)) : 0.f;
 }
 
@@ -440,12 +479,13 @@ __device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, con
 // written as e4m3 [channel][token] with the tokens of each 16-token group in the MMA's order
 // 0,1,8,9,2,3,10,11,...,6,7,14,15 (quant_fp8.cu's permuted_pos). Lane (cgrp, tg) owns channels
 // cgrp*4.. +4 of tokens tg*16.. +16: it holds a whole permuted group of each of its channels,
-// one 16-byte store each. `rows`: token n0t's row, n_left: the tokens from n0t on that exist (the rest are zeros); inv and mean (null: no
-// smoothing) are the head's per-channel values.
+// one 16-byte store each. `rows`: token n0t's row, n_left: the tokens from n0t on that exist
+// (the rest are zeros); inv and mean (null: no smoothing) are the head's per-channel values.
+// `check`: a channel with a value past v_scale_max is flagged in v_over.
 template <typename T, int DP>
 __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* rows, int64_t stride_n, bool vec,
                                              int n_left, int64_t bh, int n0t, int c0t, const float* inv_g,
-                                             const float* mean_g) {
+                                             const float* mean_g, bool check) {
   const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
   const int d = p.v.d, t0 = tg * 16, c0 = c0t + cgrp * 4;
   uint2 raw[16];
@@ -462,12 +502,14 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     if (c0 + i < d) {
       const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
-      float y[16];
+      float y[16], big = 0.f;
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const float x = elem<T>(raw[t], i);
         y[t] = t0 + t < n_left ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
+        big = fmaxf(big, fabsf(y[t]));
       }
+      if (check && big > p.v_scale_max) atomicOr(p.v_over + bh * DP + c0 + i, 1u);  // rare: qkv_vfix_kernel
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
@@ -494,7 +536,7 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, p.v.d);
   const int n0t = tn * kVTokens;
   quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, p.v.n - n0t, bh, n0t, tc * kVChannels,
-                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr);
+                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_mean == nullptr);
 }
 
 // Q scale block `unit` (16 rows of one head) for one warp.
@@ -557,6 +599,46 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   quant_rows_g<T, DP, 4>(j, p.k_groups, red);
 }
 
+// ============================== 3. V scale fallback ==============================
+
+// Channels [c0, c0 + 32) of kv head (b, h) with a sampled V scale: if the quantization flagged
+// any of them, the flagged ones get the exact scale (the largest |v| over all keys) and the
+// CTA quantizes these 32 channels of every token again (unflagged channels: the same bytes).
+template <typename T, int DP>
+__global__ void __launch_bounds__(kStatThreads) qkv_vfix_kernel(const QuantQKVParams p) {
+  __shared__ float red[2][kStatThreads / 32][kStatChannels];  // V max, V min
+  pdl_wait();  // the quantization grid is complete
+  pdl_launch_dependents();
+  const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
+  const bool flagged = p.v_over[bh * DP + c0 + lane] != 0u;  // channel c0 + lane
+  if (!__any_sync(0xffffffffu, flagged)) return;            // every warp decides alike
+  const int cg = tid & 3, r = tid >> 2, n = p.v.n, d = p.v.d;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
+  float s[8], mx[8], mn[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY;
+  v_chain_all<T>(v, p.v.stride_n, n, r, c0 + cg * 8, d, vec, s, mx, mn);
+  reduce_token_chains(mx, OpMax());
+  reduce_token_chains(mn, OpMin());
+  if (lane < 4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = mx[i], red[1][warp][cg * 8 + i] = mn[i];
+  }
+  __syncthreads();
+  if (tid < kStatChannels && flagged) {  // warp 0: lane == tid
+    float tmx = -INFINITY, tmn = INFINITY;
+    for (int w = 0; w < kStatThreads / 32; ++w) tmx = fmaxf(tmx, red[0][w][tid]), tmn = fminf(tmn, red[1][w][tid]);
+    v_stats_out(p, bh, c0 + tid, 0.f, tmx, tmn, false);
+  }
+  __syncthreads();  // the new inverse scales are visible to the CTA
+  for (int n0t = warp * kVTokens; n0t < p.nk_pad; n0t += (kStatThreads / 32) * kVTokens)
+    quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, n - n0t, bh, n0t, c0, p.v_inv + bh * DP,
+                        nullptr, false);
+}
+
 template <typename T, int DP>
 cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
@@ -568,16 +650,21 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  const dim3 fix_grid(DP / kStatChannels, p.k.heads, p.k.batch);
 #if defined(SAGE_SM90)
-  // Hopper module: programmatic dependent launch, as for the attention kernel after this one.
+  // Hopper module: programmatic dependent launch, as for the attention kernel after these.
   // The Q blocks may skip pdl_wait: they read only Q, which the kernels before the statistics
   // kernel (a plain launch: it starts once they are done) left complete, and write only
   // q_out and q_scale, which nothing running touches.
-  return launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)), dim3(kThreads),
-                    0, stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+  const cudaError_t e = launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)),
+                                   dim3(kThreads), 0, stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+  if (e != cudaSuccess || p.v_mean) return e;
+  return launch_pdl(qkv_vfix_kernel<T, DP>, fix_grid, dim3(kStatThreads), 0, stream, p);
 #else
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
       p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+  if (p.v_mean) return cudaGetLastError();
+  qkv_vfix_kernel<T, DP><<<fix_grid, kStatThreads, 0, stream>>>(p);
   return cudaGetLastError();
 #endif
 }
@@ -599,7 +686,7 @@ bool valid(const QuantQKVParams& p) {
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
                     p.nk_pad >= p.k.n;
   const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
-  return shapes && pads && groups && (!p.q_rowdot || p.k_mean);
+  return shapes && pads && groups && (!p.q_rowdot || p.k_mean) && (p.v_mean || p.v_over);
 }
 
 }  // namespace

@@ -109,8 +109,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   Tensor v8 = at::empty({B, Hkv, d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
   Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
   Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
-  // v_inv, then (a sampled V scale) the overflow flags, as many 32-bit words
-  Tensor v_work = at::empty({smooth_v ? 1 : 2, B, Hkv, d_pad}, f32);
+  // v_inv, then (a sampled V scale) the overflow flags, as many 32-bit words, and one more
+  Tensor v_work = at::empty({B * Hkv * d_pad * (smooth_v ? 1 : 2) + (smooth_v ? 0 : 1)}, f32);
   p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;

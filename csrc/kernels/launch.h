@@ -73,8 +73,8 @@ struct QuantQKVParams {
   float* v_scale;              // [B, Hkv, d_pad]
   float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
-  uint32_t* v_over;            // [B, Hkv, d_pad] workspace: channels whose sampled scale a value
-                               // overflowed (not smoothing V; else null)
+  uint32_t* v_over;            // [B * Hkv * d_pad + 1] workspace: channels whose sampled scale a
+                               // value overflowed, then whether any did (not smoothing V; else null)
 };
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif

@@ -15,11 +15,11 @@
 //      statistics kernel still does; V and K wait for it. A V tile that finds a value the
 //      sampled scale would push past v_scale_max flags its channel (it is still written,
 //      saturated).
-//   3. qkv_vfix_kernel, only for a sampled V scale, one CTA per (batch, kv head, 32 channels):
-//      nothing unless one of its channels was flagged; then those channels get the exact
-//      scale (their largest |v| over all keys, as quant_v_fp8) and the CTA writes its 32
-//      channels of V again. Real V stays well inside 8x its sample's maximum, so this runs
-//      for adversarial inputs only, and no value is ever clipped.
+//   3. qkv_vfix_kernel, only for a sampled V scale, a few CTAs: nothing unless a channel was
+//      flagged (one word says whether any was); then each flagged channel gets the exact
+//      scale (its largest |v| over all keys, as quant_v_fp8) and its 32-channel group of V is
+//      written again. Real V stays well inside 8x its sample's maximum, so this works for
+//      adversarial inputs only, and no value is ever clipped.
 //
 // (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
 // were combined across CTAs was slower at every length once K's mean came from a sample;
@@ -274,7 +274,10 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   }
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
   v_stats_out(p, bh, c0 + tid, ts, tmx, tmn, !vfull);
-  if (!vfull) p.v_over[bh * p.d_pad + c0 + tid] = 0u;  // set by the quantization on overflow
+  if (!vfull) {  // set by the quantization on overflow: the channel's flag, and one for all
+    p.v_over[bh * p.d_pad + c0 + tid] = 0u;
+    if (bh == 0 && c0 + tid == 0) p.v_over[static_cast<int64_t>(p.v.batch) * p.v.heads * p.d_pad] = 0u;
+  }
   if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = srows > 0 ? __fdiv_rn(tk, static_cast<float>(srows)) : 0.f;
 }
 
@@ -509,7 +512,10 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
         y[t] = t0 + t < n_left ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
         big = fmaxf(big, fabsf(y[t]));
       }
-      if (check && big > p.v_scale_max) atomicOr(p.v_over + bh * DP + c0 + i, 1u);  // rare: qkv_vfix_kernel
+      if (check && big > p.v_scale_max) {  // rare: qkv_vfix_kernel
+        atomicOr(p.v_over + bh * DP + c0 + i, 1u);
+        atomicOr(p.v_over + static_cast<int64_t>(p.v.batch) * p.v.heads * DP, 1u);
+      }
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
@@ -601,42 +607,52 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
 
 // ============================== 3. V scale fallback ==============================
 
-// Channels [c0, c0 + 32) of kv head (b, h) with a sampled V scale: if the quantization flagged
-// any of them, the flagged ones get the exact scale (the largest |v| over all keys) and the
-// CTA quantizes these 32 channels of every token again (unflagged channels: the same bytes).
+constexpr int kFixCtas = 16;  // few, so that the attention grid finds the other SMs free
+
+// For each group of 32 channels of a kv head with a flagged channel: the flagged ones get the
+// exact scale (their largest |v| over all keys) and the CTA quantizes the group's 32
+// channels of every token again (unflagged channels: the same bytes). Groups in turn over
+// the grid; usually the one word says no channel was flagged and the CTAs leave at once.
 template <typename T, int DP>
 __global__ void __launch_bounds__(kStatThreads) qkv_vfix_kernel(const QuantQKVParams p) {
   __shared__ float red[2][kStatThreads / 32][kStatChannels];  // V max, V min
-  pdl_wait();  // the quantization grid is complete
+  // The attention grid may be scheduled now: it waits for this grid to complete, which
+  // follows the quantization grid's completion (pdl_wait below).
   pdl_launch_dependents();
-  const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
+  pdl_wait();
+  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
+  if (p.v_over[bhs * DP] == 0u) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
-  const bool flagged = p.v_over[bh * DP + c0 + lane] != 0u;  // channel c0 + lane
-  if (!__any_sync(0xffffffffu, flagged)) return;            // every warp decides alike
   const int cg = tid & 3, r = tid >> 2, n = p.v.n, d = p.v.d;
-  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
-  float s[8], mx[8], mn[8];
+  for (int64_t unit = blockIdx.x; unit < bhs * (DP / kStatChannels); unit += gridDim.x) {
+    const int64_t bh = unit / (DP / kStatChannels);
+    const int c0 = static_cast<int>(unit % (DP / kStatChannels)) * kStatChannels;
+    const bool flagged = p.v_over[bh * DP + c0 + lane] != 0u;  // channel c0 + lane
+    if (!__any_sync(0xffffffffu, flagged)) continue;           // every warp decides alike
+    const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
+    const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+    float s[8], mx[8], mn[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY;
-  v_chain_all<T>(v, p.v.stride_n, n, r, c0 + cg * 8, d, vec, s, mx, mn);
-  reduce_token_chains(mx, OpMax());
-  reduce_token_chains(mn, OpMin());
-  if (lane < 4) {
+    for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY;
+    v_chain_all<T>(v, p.v.stride_n, n, r, c0 + cg * 8, d, vec, s, mx, mn);
+    reduce_token_chains(mx, OpMax());
+    reduce_token_chains(mn, OpMin());
+    if (lane < 4) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = mx[i], red[1][warp][cg * 8 + i] = mn[i];
+      for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = mx[i], red[1][warp][cg * 8 + i] = mn[i];
+    }
+    __syncthreads();
+    if (tid < kStatChannels && flagged) {  // warp 0: lane == tid
+      float tmx = -INFINITY, tmn = INFINITY;
+      for (int w = 0; w < kStatThreads / 32; ++w) tmx = fmaxf(tmx, red[0][w][tid]), tmn = fminf(tmn, red[1][w][tid]);
+      v_stats_out(p, bh, c0 + tid, 0.f, tmx, tmn, false);
+    }
+    __syncthreads();  // the new inverse scales are visible to the CTA, and `red` free again
+    for (int n0t = warp * kVTokens; n0t < p.nk_pad; n0t += (kStatThreads / 32) * kVTokens)
+      quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, n - n0t, bh, n0t, c0, p.v_inv + bh * DP,
+                          nullptr, false);
   }
-  __syncthreads();
-  if (tid < kStatChannels && flagged) {  // warp 0: lane == tid
-    float tmx = -INFINITY, tmn = INFINITY;
-    for (int w = 0; w < kStatThreads / 32; ++w) tmx = fmaxf(tmx, red[0][w][tid]), tmn = fminf(tmn, red[1][w][tid]);
-    v_stats_out(p, bh, c0 + tid, 0.f, tmx, tmn, false);
-  }
-  __syncthreads();  // the new inverse scales are visible to the CTA
-  for (int n0t = warp * kVTokens; n0t < p.nk_pad; n0t += (kStatThreads / 32) * kVTokens)
-    quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, n - n0t, bh, n0t, c0, p.v_inv + bh * DP,
-                        nullptr, false);
 }
 
 template <typename T, int DP>
@@ -650,7 +666,7 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const dim3 fix_grid(DP / kStatChannels, p.k.heads, p.k.batch);
+  const dim3 fix_grid(kFixCtas);
 #if defined(SAGE_SM90)
   // Hopper module: programmatic dependent launch, as for the attention kernel after these.
   // The Q blocks may skip pdl_wait: they read only Q, which the kernels before the statistics

@@ -57,8 +57,10 @@ def stages(q, k, v):
         "quant_q": lambda: op.quant_int8(q, None, None, scale, _cuda.WARP_Q, 8, nq_pad, dp),
         "quant_k": lambda: op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp),
         "quant_v": lambda: op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp),
-        # the four rows above in one op (what _cuda.forward calls): statistics, quantization, V fallback
-        "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp),
+        # the four rows above in one op (what _cuda.forward calls): statistics, quantization and, for a V
+        # larger than half of L2, the V fallback launch
+        "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp,
+                                          _cuda.v_fits_l2(v)),
         "attn": lambda: op.attn(q8, k8, v8, qs, ks, vs, None, None, 8, 4, nq, nk, d, False, 2, False, False,
                                 d ** -0.5, q.dtype),
     }

@@ -86,7 +86,7 @@ def _register_fakes(ns: str) -> None:
     if hasattr(getattr(torch.ops, ns), "quant_qkv"):
 
         def quant_qkv(q, k, v, q_prescale, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
-                      nq_pad, nk_pad, d_pad):
+                      nq_pad, nk_pad, d_pad, v_full_stats=False):
             b, hq, nq, d = q.shape
             hk = k.shape[1]
             f32 = torch.float32
@@ -119,6 +119,21 @@ for _module, _ns in FAMILIES.items():
     register_family(_module, _ns, _register_fakes)
 
 
+_L2_BYTES = {}
+
+
+def v_fits_l2(v) -> bool:
+    """Whether V takes at most half of the GPU's L2 cache. quant_qkv then reads all of V for
+    its statistics (and decides V's scale fallback there), and its quantization finds V in L2;
+    a larger V gets only its sample read first and a fallback launch that is nearly always
+    empty. The results are the same either way (measured on an H100: bench/NOTES.md)."""
+    dev = v.device.index if v.device.index is not None else torch.cuda.current_device()
+    l2 = _L2_BYTES.get(dev)
+    if l2 is None:
+        l2 = _L2_BYTES[dev] = torch.cuda.get_device_properties(dev).L2_cache_size
+    return 2 * v.numel() * v.element_size() <= l2
+
+
 def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,
             qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool):
     """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``."""
@@ -141,7 +156,7 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
         q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
             qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,
-            nq_pad, nk_pad, dp)
+            nq_pad, nk_pad, dp, v_fits_l2(vh))
         if not smooth_v:
             v_mean = None
     else:

@@ -1,7 +1,8 @@
 """Run every compiled kernel over the compute-sanitizer case list: D in {64, 128},
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs). Above 128 keys the last KV head's V has an outlier on a
-key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too.
+key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
+the statistics (these V fit in L2) and, from a direct quant_qkv call, in its own launch.
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python scripts/sanitize_cases.py
@@ -15,7 +16,7 @@ import sys
 import torch
 
 import sageattention as sa
-from sageattention import dispatch
+from sageattention import _cuda, dispatch
 
 MODES = [
     ("cuda_fp16", {"pv_accum_dtype": "fp32"}),
@@ -50,6 +51,12 @@ def main(argv=None) -> int:
             if n > 128:
                 v[0, -1, 1, :5] = 1000.0  # key 1 is in no sample of more than 128 keys
             o, lse = fn(q, k, v, is_causal=causal, return_lse=True, **opts)
+            if backend in ("cuda_fp8", "cuda_sm90") and not opts.get("smooth_v") and not causal:
+                # quant_qkv as a V too large for L2 gets it: sampled scale, overflow flags, fallback launch
+                ext = _cuda.kernel_module(dispatch.BACKENDS[backend].extension, d)
+                nk_pad = -(-n // _cuda.kv_block(ext)) * _cuda.kv_block(ext)
+                _cuda.ops(ext).quant_qkv(q, k, v, 0.1, 8, 4, True, False, False, _cuda.FP8_MAX,
+                                         -(-n // _cuda.BLOCK_Q) * _cuda.BLOCK_Q, nk_pad, _cuda.padded_head_dim(d), False)
             torch.cuda.synchronize()
             fine = bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
             bad += not fine

@@ -258,7 +258,7 @@ QKV_FLAGS = [  # (smooth_k, smooth_v, rowdot)
 QKV_INPUTS = [("HND", torch.bfloat16), ("NHD", torch.bfloat16), ("HND", torch.float16)]
 
 
-def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, vmax=_cuda.FP8_MAX):
+def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, vmax=_cuda.FP8_MAX, v_full=False):
     """quant_qkv's outputs and the separate ops' on the same inputs: the old sequence of
     _cuda.forward fed with quant_qkv's own K mean, and the K mean torch computes (over the
     same sample of keys)."""
@@ -270,7 +270,7 @@ def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, 
     nq_pad, nk_pad = _cuda._ceil(qh.shape[2], _cuda.BLOCK_Q), _cuda._ceil(kh.shape[2], _cuda.kv_block(ext))
     qg, kg = (8, 4) if gran == "per_thread" else (1, 1)
     prescale = d ** -0.5 * _cuda.LOG2E
-    new = op.quant_qkv(qh, kh, vh, prescale, qg, kg, smooth_k, smooth_v, rowdot, vmax, nq_pad, nk_pad, dp)
+    new = op.quant_qkv(qh, kh, vh, prescale, qg, kg, smooth_k, smooth_v, rowdot, vmax, nq_pad, nk_pad, dp, v_full)
     km = new[5] if smooth_k else None
     q8, qs, qdot = op.quant_int8(qh, None, km if rowdot else None, prescale, _cuda.WARP_Q, qg, nq_pad, dp)
     k8, ks, _ = op.quant_int8(kh, km, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
@@ -365,15 +365,16 @@ def test_quant_qkv_matches_separate_ops(backend, n, d, gran, smooth_k, smooth_v,
 LONG_CASES = [(16384, 16384, 128), (32768 - 5, 32768 - 5, 64), (4096, 100, 128), (100, 40000, 64)]
 
 
-@pytest.mark.parametrize("smooth_k,smooth_v", [(True, True), (False, False)])
+@pytest.mark.parametrize("smooth_k,smooth_v,v_full", [(True, True, False), (False, False, False), (False, False, True)])
 @pytest.mark.parametrize("nq,nk,d", LONG_CASES)
-def test_quant_qkv_long_sequences(nq, nk, d, smooth_k, smooth_v):
+def test_quant_qkv_long_sequences(nq, nk, d, smooth_k, smooth_v, v_full):
     """Tens of thousands of keys (a K sample 128 to 312 keys apart), many Q blocks for few
     keys and the reverse: against the separate ops."""
     _need(SM90)
     q, k, v = make_qkv(1, 2, 1, nq, nk, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=nk)
     v = v + 0.5
-    new, old, k_torch, v_given = _quant_qkv_both(SM90, q, k, v, "HND", "per_thread", smooth_k, smooth_v, False)
+    new, old, k_torch, v_given = _quant_qkv_both(SM90, q, k, v, "HND", "per_thread", smooth_k, smooth_v, False,
+                                                 v_full=v_full)
     _check_quant_qkv(new, old, k_torch, False, v_given, smooth_v)
 
 
@@ -405,7 +406,9 @@ def test_quant_qkv_misaligned_inputs(backend, n):
 def test_quant_qkv_v_outliers_off_the_sample(backend, n, layout):
     """V's scale comes from the 128-key sample (times 8) unless a value anywhere would overflow
     it: outliers on keys outside the sample (up to 1e4, bf16) put exactly their channels on
-    the exact scale, nothing is clipped, and the attention follows the reference."""
+    the exact scale, nothing is clipped, and the attention follows the reference. The two
+    ways of deciding it (the quantization flags overflows for a third launch, or the
+    statistics read every key: v_full_stats) give the same bits."""
     fn, ext = _need(backend)
     q, k, v = make_qkv(1, 4, 2, n, n, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=n)
     vh = v.transpose(1, 2) if layout == "NHD" else v
@@ -417,6 +420,9 @@ def test_quant_qkv_v_outliers_off_the_sample(backend, n, layout):
     vh[0, 1, off[1], 7] = 3.0  # within 8x of the sample: no fallback
     new, old, k_torch, v_given = _quant_qkv_both(backend, q, k, v, layout, "per_thread", True, False, False)
     _check_quant_qkv(new, old, k_torch, False, v_given, False)
+    full = _quant_qkv_both(backend, q, k, v, layout, "per_thread", True, False, False, v_full=True)[0]
+    assert all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(new, full))
     exact = old[7]  # quant_v_fp8's scales: the largest |v| of every key
     same = torch.eq(new[7], exact)[0]
     want = torch.zeros_like(same)

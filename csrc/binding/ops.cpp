@@ -75,7 +75,8 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
 // 128-key sample) is computed here (fp32, [B, Hkv, D]) and returned.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
     const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
-    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad) {
+    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad,
+    bool v_full_stats) {
   const char* op = "quant_qkv";
   sage::QuantQKVParams p{};
   p.q = input_of(q, op, "q");
@@ -109,8 +110,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   Tensor v8 = at::empty({B, Hkv, d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
   Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
   Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
-  // v_inv, then (a sampled V scale) the overflow flags, as many 32-bit words, and one more
-  Tensor v_work = at::empty({B * Hkv * d_pad * (smooth_v ? 1 : 2) + (smooth_v ? 0 : 1)}, f32);
+  // v_inv, then (a sampled V scale, checked by the quantization) the overflow flags, as many
+  // 32-bit words, and one more
+  const bool flags = !smooth_v && !v_full_stats;
+  Tensor v_work = at::empty({B * Hkv * d_pad * (flags ? 2 : 1) + (flags ? 1 : 0)}, f32);
   p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;
@@ -123,7 +126,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
   p.v_inv = v_work.data_ptr<float>();
-  p.v_over = smooth_v ? nullptr : reinterpret_cast<uint32_t*>(p.v_inv + B * Hkv * d_pad);
+  p.v_full = v_full_stats;
+  p.v_over = flags ? reinterpret_cast<uint32_t*>(p.v_inv + B * Hkv * d_pad) : nullptr;
   check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
   return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
 }
@@ -247,7 +251,8 @@ TORCH_LIBRARY(SAGE_OPS, m) {
 #if defined(SAGE_FP8)
   m.def("quant_v_fp8(Tensor v, float scale_max, bool smooth, int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
   m.def("quant_qkv(Tensor q, Tensor k, Tensor v, float q_prescale, int q_groups, int k_groups, bool smooth_k, "
-        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad) -> (Tensor, Tensor, "
+        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad, bool v_full_stats=False) "
+        "-> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 #endif
   m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "

@@ -5,7 +5,10 @@
 //      sample's rows (-> K mean) and V's scale: from the sample's largest |v| times
 //      kVAmaxMargin, or, when V is smoothed, from V's sum, max and min over all keys (-> V
 //      scale, inverse scale and mean; quant_fp8.cu's pass-1 thread layout and summation
-//      order, so those statistics are bit-identical to quant_v_fp8's).
+//      order, so those statistics are bit-identical to quant_v_fp8's). With v_full (the
+//      caller's choice when V fits in L2: the quantization then reads it from there) it also
+//      reads all of V unsmoothed and decides the fallback of step 3 itself: same results,
+//      no third launch.
 //   2. qkv_quant_kernel, a 1-D grid in three ranges: Q blocks (one warp per 16-row scale
 //      block), V tiles (one warp per 64 tokens x 32 channels) and K blocks (one CTA per 64-row
 //      scale block). Every warp loads its rows into registers once, reduces the
@@ -15,7 +18,7 @@
 //      statistics kernel still does; V and K wait for it. A V tile that finds a value the
 //      sampled scale would push past v_scale_max flags its channel (it is still written,
 //      saturated).
-//   3. qkv_vfix_kernel, only for a sampled V scale, a few CTAs: nothing unless a channel was
+//   3. qkv_vfix_kernel, only for a sampled V scale without v_full, a few CTAs: nothing unless a channel was
 //      flagged (one word says whether any was); then each flagged channel gets the exact
 //      scale (its largest |v| over all keys, as quant_v_fp8) and its 32-channel group of V is
 //      written again. Real V stays well inside 8x its sample's maximum, so this works for
@@ -139,29 +142,24 @@ __device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
   return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
 }
 
-// V's per-channel outputs of head bh, channel c, from the sum, maximum and minimum over the
-// keys (all of them, or the sample's when `sampled`): the scale, its inverse (returned) and
-// the mean when smoothing (returned in *mean).
-__device__ __forceinline__ float v_stats_out(const QuantQKVParams& p, int64_t bh, int c, float ts, float tmx,
-                                             float tmn, bool sampled, float* mean_out = nullptr) {
-  const int n = p.v.n;
-  float mean = 0.f, amax = 0.f;
-  if (c < p.v.d && n > 0) {
-    if (p.v_mean) {
-      mean = __fdiv_rn(ts, static_cast<float>(n));
-      amax = fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn));
-    } else {
-      amax = fmaxf(tmx, -tmn);
-    }
-  }
-  if (sampled) amax = __fmul_rn(amax, kVAmaxMargin);
+// V's per-channel outputs of head bh, channel c: the scale for `amax` (clamped), its inverse
+// (returned) and the mean when smoothing.
+__device__ __forceinline__ float v_scale_out(const QuantQKVParams& p, int64_t bh, int c, float amax, float mean) {
   amax = fmaxf(amax, kAmaxEps);
   const float inv = __fdiv_rn(p.v_scale_max, amax);
   p.v_scale[bh * p.d_pad + c] = __fdiv_rn(amax, p.v_scale_max);
   p.v_inv[bh * p.d_pad + c] = inv;
   if (p.v_mean) p.v_mean[bh * p.d_pad + c] = mean;
-  if (mean_out) *mean_out = mean;
   return inv;
+}
+
+// The sampled scale's amax from the sample's largest |v| (`smax`), when V is not smoothed;
+// given the largest |v| of all keys (`full`, >= 0), the exact one instead where a value
+// would overflow it: fl(|v| * inv) grows with |v|, so that is fl(full * inv) > v_scale_max.
+__device__ __forceinline__ float v_sampled_amax(const QuantQKVParams& p, float smax, float full = -1.f) {
+  const float est = fmaxf(__fmul_rn(smax, kVAmaxMargin), kAmaxEps);
+  if (full < 0.f) return est;
+  return __fmul_rn(full, __fdiv_rn(p.v_scale_max, est)) > p.v_scale_max ? full : est;
 }
 
 // ============================== 1. statistics ==============================
@@ -206,7 +204,7 @@ __device__ __forceinline__ void v_chain_all(const T* v, int64_t stride_n, int n,
 
 template <typename T>
 __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
-  __shared__ float red[4][kStatThreads / 32][kStatChannels];  // V sum, V max, V min, K sum
+  __shared__ float red[5][kStatThreads / 32][kStatChannels];  // V sum, max, min, K sum, sample max |v|
   pdl_launch_dependents();  // the quantization grid may be scheduled (it waits for this one)
   const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -217,7 +215,9 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
   const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
   const bool ksum = p.k_mean != nullptr;
-  const bool vfull = p.v_mean != nullptr;  // smoothing V: its mean and range over all keys
+  // V over all keys: smoothing (its mean and range), or the caller's choice (the fallback
+  // decided here, and the quantization finds V in L2); V's sample unless smoothing
+  const bool vfull = p.v_mean != nullptr || p.v_full, vsample = p.v_mean == nullptr;
 
   // the sample's rows r and r + 64 of K and, for V's sampled scale, of V (loaded first)
   const int srows = k_sample_rows(n);
@@ -227,25 +227,17 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
     const int i = r + u * kStatChains;
     const int64_t row = i < srows ? k_sample_row(i, n, srows) : 0;
     xk[u] = ksum && i < srows ? load_bits8(k + row * p.k.stride_n, col0, d, kvec) : make_uint4(0u, 0u, 0u, 0u);
-    xs[u] = !vfull && i < srows ? load_bits8(v + row * p.v.stride_n, col0, d, vvec) : make_uint4(0u, 0u, 0u, 0u);
+    xs[u] = vsample && i < srows ? load_bits8(v + row * p.v.stride_n, col0, d, vvec) : make_uint4(0u, 0u, 0u, 0u);
   }
 
-  float s[8], mx[8], mn[8], sk[8];
+  float s[8], mx[8], mn[8], sk[8], sa[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f;
-  if (vfull) {
-    v_chain_all<T>(v, p.v.stride_n, n, r, col0, d, vvec, s, mx, mn);
-  } else {
+  for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY, sk[i] = 0.f, sa[i] = 0.f;
+  if (vfull) v_chain_all<T>(v, p.v.stride_n, n, r, col0, d, vvec, s, mx, mn);
 #pragma unroll
-    for (int u = 0; u < kKSampleRows / kStatChains; ++u) {
-      if (r + u * kStatChains < srows) {
+  for (int u = 0; u < kKSampleRows / kStatChains; ++u) {  // rows past the sample were loaded as zeros
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float x = elem<T>(xs[u], i);
-          mx[i] = fmaxf(mx[i], x), mn[i] = fminf(mn[i], x);
-        }
-      }
-    }
+    for (int i = 0; i < 8; ++i) sa[i] = fmaxf(sa[i], fabsf(elem<T>(xs[u], i)));
   }
 #pragma unroll
   for (int u = 0; u < kKSampleRows / kStatChains; ++u) {
@@ -257,26 +249,36 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   reduce_token_chains(mx, OpMax());
   reduce_token_chains(mn, OpMin());
   reduce_token_chains(sk, OpAdd());
+  reduce_token_chains(sa, OpMax());
   if (lane < 4) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i];
       red[2][warp][cg * 8 + i] = mn[i], red[3][warp][cg * 8 + i] = sk[i];
+      red[4][warp][cg * 8 + i] = sa[i];
     }
   }
   __syncthreads();
   if (tid >= kStatChannels) return;
   // the warps in order, from zero
-  float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f;
+  float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f, tsa = 0.f;
   for (int w = 0; w < kStatThreads / 32; ++w) {
     ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
-    tk += red[3][w][tid];
+    tk += red[3][w][tid], tsa = fmaxf(tsa, red[4][w][tid]);
   }
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
-  v_stats_out(p, bh, c0 + tid, ts, tmx, tmn, !vfull);
-  if (!vfull) {  // set by the quantization on overflow: the channel's flag, and one for all
-    p.v_over[bh * p.d_pad + c0 + tid] = 0u;
-    if (bh == 0 && c0 + tid == 0) p.v_over[static_cast<int64_t>(p.v.batch) * p.v.heads * p.d_pad] = 0u;
+  const int c = c0 + tid;
+  const bool has = c < d && n > 0;
+  if (p.v_mean) {
+    const float mean = has ? __fdiv_rn(ts, static_cast<float>(n)) : 0.f;
+    v_scale_out(p, bh, c, has ? fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn)) : 0.f, mean);
+  } else if (p.v_full) {
+    v_scale_out(p, bh, c, v_sampled_amax(p, has ? tsa : 0.f, has ? fmaxf(tmx, -tmn) : 0.f), 0.f);
+  } else {
+    v_scale_out(p, bh, c, v_sampled_amax(p, has ? tsa : 0.f), 0.f);
+    // set by the quantization on overflow: the channel's flag, and one for all
+    p.v_over[bh * p.d_pad + c] = 0u;
+    if (bh == 0 && c == 0) p.v_over[static_cast<int64_t>(p.v.batch) * p.v.heads * p.d_pad] = 0u;
   }
   if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = srows > 0 ? __fdiv_rn(tk, static_cast<float>(srows)) : 0.f;
 }
@@ -542,7 +544,7 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, p.v.d);
   const int n0t = tn * kVTokens;
   quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, p.v.n - n0t, bh, n0t, tc * kVChannels,
-                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_mean == nullptr);
+                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_over != nullptr);
 }
 
 // Q scale block `unit` (16 rows of one head) for one warp.
@@ -646,7 +648,7 @@ __global__ void __launch_bounds__(kStatThreads) qkv_vfix_kernel(const QuantQKVPa
     if (tid < kStatChannels && flagged) {  // warp 0: lane == tid
       float tmx = -INFINITY, tmn = INFINITY;
       for (int w = 0; w < kStatThreads / 32; ++w) tmx = fmaxf(tmx, red[0][w][tid]), tmn = fminf(tmn, red[1][w][tid]);
-      v_stats_out(p, bh, c0 + tid, 0.f, tmx, tmn, false);
+      v_scale_out(p, bh, c0 + tid, c0 + tid < d && n > 0 ? fmaxf(tmx, -tmn) : 0.f, 0.f);
     }
     __syncthreads();  // the new inverse scales are visible to the CTA, and `red` free again
     for (int n0t = warp * kVTokens; n0t < p.nk_pad; n0t += (kStatThreads / 32) * kVTokens)
@@ -674,12 +676,12 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   // q_out and q_scale, which nothing running touches.
   const cudaError_t e = launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)),
                                    dim3(kThreads), 0, stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
-  if (e != cudaSuccess || p.v_mean) return e;
+  if (e != cudaSuccess || !p.v_over) return e;
   return launch_pdl(qkv_vfix_kernel<T, DP>, fix_grid, dim3(kStatThreads), 0, stream, p);
 #else
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
       p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
-  if (p.v_mean) return cudaGetLastError();
+  if (!p.v_over) return cudaGetLastError();
   qkv_vfix_kernel<T, DP><<<fix_grid, kStatThreads, 0, stream>>>(p);
   return cudaGetLastError();
 #endif
@@ -702,7 +704,8 @@ bool valid(const QuantQKVParams& p) {
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
                     p.nk_pad >= p.k.n;
   const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
-  return shapes && pads && groups && (!p.q_rowdot || p.k_mean) && (p.v_mean || p.v_over);
+  // v_over: exactly when V's scale is sampled and not decided by the statistics over all keys
+  return shapes && pads && groups && (!p.q_rowdot || p.k_mean) && ((p.v_mean || p.v_full) == (p.v_over == nullptr));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch
-// K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
+// Q, K and V quantized for the fp8 attention kernels in two launches (three for a V that
+// takes its scale from the key sample and more than half of L2), instead of a torch K mean,
+// quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
 //   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): the K sum over the
 //      sample's rows (-> K mean) and V's scale: from the sample's largest |v| times
@@ -18,11 +19,12 @@
 //      statistics kernel still does; V and K wait for it. A V tile that finds a value the
 //      sampled scale would push past v_scale_max flags its channel (it is still written,
 //      saturated).
-//   3. qkv_vfix_kernel, only for a sampled V scale without v_full, a few CTAs: nothing unless a channel was
-//      flagged (one word says whether any was); then each flagged channel gets the exact
-//      scale (its largest |v| over all keys, as quant_v_fp8) and its 32-channel group of V is
-//      written again. Real V stays well inside 8x its sample's maximum, so this works for
-//      adversarial inputs only, and no value is ever clipped.
+//   3. qkv_vfix_kernel, only for a sampled V scale without v_full, 16 CTAs: nothing unless a
+//      channel was flagged (one word says whether any was); then each flagged channel gets
+//      the exact scale (its largest |v| over all keys, as quant_v_fp8) and its 32-channel
+//      group of V is written again. Real V stays well inside 8x its sample's maximum, so
+//      this works for adversarial inputs only, and no value is ever clipped. Even empty, the
+//      launch costs 2.5-6 us per call (bench/results/...-20eaf00-v-sample.md), hence v_full.
 //
 // (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
 // were combined across CTAs was slower at every length once K's mean came from a sample;
@@ -609,7 +611,9 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
 
 // ============================== 3. V scale fallback ==============================
 
-constexpr int kFixCtas = 16;  // few, so that the attention grid finds the other SMs free
+// A few CTAs: each leaves at once when nothing overflowed; 1, 16 and 512 were measured, 16
+// (with the early trigger below) was the cheapest (...-20eaf00-v-sample.md section 4).
+constexpr int kFixCtas = 16;
 
 // For each group of 32 channels of a kv head with a flagged channel: the flagged ones get the
 // exact scale (their largest |v| over all keys) and the CTA quantizes the group's 32

@@ -77,6 +77,27 @@ struct OpMin {
   __device__ float operator()(float x, float y) const { return fminf(x, y); }
 };
 
+// Per-channel statistics of a CTA whose threads hold 8-channel partials of token chains
+// (lane % 4 picks the channel group; quant_fp8.cu, quant_qkv.cu), in two steps around the
+// caller's __syncthreads:
+//  1. chains_to_shared: the warp's chains combined (reduce_token_chains), lanes 0-3 store the
+//     warp's 32 channels in row `warp` of `red`;
+//  2. warps_in_order: channel c's total over the warps, from `init` and warp 0 upwards (a
+//     fixed order: the sums are the same bits in every kernel that uses these).
+template <int kChannels, typename Op>
+__device__ __forceinline__ void chains_to_shared(float (&a)[8], Op op, float (*red)[kChannels], int warp, int lane) {
+  reduce_token_chains(a, op);
+  if (lane < 4) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[warp][lane * 8 + i] = a[i];
+  }
+}
+template <int kChannels, typename Op>
+__device__ __forceinline__ float warps_in_order(const float (*red)[kChannels], int warps, int c, float init, Op op) {
+  for (int w = 0; w < warps; ++w) init = op(init, red[w][c]);
+  return init;
+}
+
 __device__ __forceinline__ float warp_max_quad(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -39,18 +39,16 @@ __global__ void __launch_bounds__(kThreads) quant_v_fp8_kernel(const QuantVFp8Pa
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] += x[i], mx[i] = fmaxf(mx[i], x[i]), mn[i] = fminf(mn[i], x[i]);
   }
-  reduce_token_chains(s, OpAdd());
-  reduce_token_chains(mx, OpMax());
-  reduce_token_chains(mn, OpMin());
-  if (lane < 4) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i], red[2][warp][cg * 8 + i] = mn[i];
-  }
+  chains_to_shared(s, OpAdd(), red[0], warp, lane);
+  chains_to_shared(mx, OpMax(), red[1], warp, lane);
+  chains_to_shared(mn, OpMin(), red[2], warp, lane);
   __syncthreads();
   const int64_t bh = static_cast<int64_t>(b) * p.in.heads + h;
   if (tid < kChannels) {
-    float ts = 0.f, tmx = -INFINITY, tmn = INFINITY;
-    for (int w = 0; w < kThreads / 32; ++w) ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
+    constexpr int kW = kThreads / 32;
+    const float ts = warps_in_order(red[0], kW, tid, 0.f, OpAdd());
+    const float tmx = warps_in_order(red[1], kW, tid, -INFINITY, OpMax());
+    const float tmn = warps_in_order(red[2], kW, tid, INFINITY, OpMin());
     const bool real = c0 + tid < p.in.d && p.in.n > 0;
     float mean = 0.f, amax = 0.f;
     if (real) {

@@ -247,27 +247,19 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
     for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
   }
   // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
-  reduce_token_chains(s, OpAdd());
-  reduce_token_chains(mx, OpMax());
-  reduce_token_chains(mn, OpMin());
-  reduce_token_chains(sk, OpAdd());
-  reduce_token_chains(sa, OpMax());
-  if (lane < 4) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      red[0][warp][cg * 8 + i] = s[i], red[1][warp][cg * 8 + i] = mx[i];
-      red[2][warp][cg * 8 + i] = mn[i], red[3][warp][cg * 8 + i] = sk[i];
-      red[4][warp][cg * 8 + i] = sa[i];
-    }
-  }
+  chains_to_shared(s, OpAdd(), red[0], warp, lane);
+  chains_to_shared(mx, OpMax(), red[1], warp, lane);
+  chains_to_shared(mn, OpMin(), red[2], warp, lane);
+  chains_to_shared(sk, OpAdd(), red[3], warp, lane);
+  chains_to_shared(sa, OpMax(), red[4], warp, lane);
   __syncthreads();
   if (tid >= kStatChannels) return;
-  // the warps in order, from zero
-  float ts = 0.f, tmx = -INFINITY, tmn = INFINITY, tk = 0.f, tsa = 0.f;
-  for (int w = 0; w < kStatThreads / 32; ++w) {
-    ts += red[0][w][tid], tmx = fmaxf(tmx, red[1][w][tid]), tmn = fminf(tmn, red[2][w][tid]);
-    tk += red[3][w][tid], tsa = fmaxf(tsa, red[4][w][tid]);
-  }
+  constexpr int kW = kStatThreads / 32;
+  const float ts = warps_in_order(red[0], kW, tid, 0.f, OpAdd());
+  const float tmx = warps_in_order(red[1], kW, tid, -INFINITY, OpMax());
+  const float tmn = warps_in_order(red[2], kW, tid, INFINITY, OpMin());
+  const float tk = warps_in_order(red[3], kW, tid, 0.f, OpAdd());
+  const float tsa = warps_in_order(red[4], kW, tid, 0.f, OpMax());
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
   const int c = c0 + tid;
   const bool has = c < d && n > 0;
@@ -642,16 +634,12 @@ __global__ void __launch_bounds__(kStatThreads) qkv_vfix_kernel(const QuantQKVPa
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY;
     v_chain_all<T>(v, p.v.stride_n, n, r, c0 + cg * 8, d, vec, s, mx, mn);
-    reduce_token_chains(mx, OpMax());
-    reduce_token_chains(mn, OpMin());
-    if (lane < 4) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) red[0][warp][cg * 8 + i] = mx[i], red[1][warp][cg * 8 + i] = mn[i];
-    }
+    chains_to_shared(mx, OpMax(), red[0], warp, lane);
+    chains_to_shared(mn, OpMin(), red[1], warp, lane);
     __syncthreads();
     if (tid < kStatChannels && flagged) {  // warp 0: lane == tid
-      float tmx = -INFINITY, tmn = INFINITY;
-      for (int w = 0; w < kStatThreads / 32; ++w) tmx = fmaxf(tmx, red[0][w][tid]), tmn = fminf(tmn, red[1][w][tid]);
+      const float tmx = warps_in_order(red[0], kStatThreads / 32, tid, -INFINITY, OpMax());
+      const float tmn = warps_in_order(red[1], kStatThreads / 32, tid, INFINITY, OpMin());
       v_scale_out(p, bh, c0 + tid, c0 + tid < d && n > 0 ? fmaxf(tmx, -tmn) : 0.f, 0.f);
     }
     __syncthreads();  // the new inverse scales are visible to the CTA, and `red` free again

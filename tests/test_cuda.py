@@ -111,6 +111,57 @@ def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
     assert_lse_close_to_reference(runs["1"][1], rl)
 
 
+def _sm90_d128_variants(fn):
+    """The Hopper D=128 three-consumer kernels `fn` launches: their last template argument
+    (1: one CTA per SM, 2: pairs of CTAs sharing K and V), from the profiler's kernel names."""
+    import re
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    return {int(m.group(1)) for n in names for m in [re.search(r"attn_sm90_kernel<128, 3, \w+, (\d)>", n)] if m}
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_cluster_pairs_agree(dtype, layout, monkeypatch):
+    """At D=128 on long sequences, non-causal, with an even number of work tiles per head, the
+    Hopper kernel runs on clusters of two CTAs that load half of each K and V tile each and
+    multicast it to both (SAGEATTN_SM90_CLUSTER=0 turns that off). Each CTA computes its rows
+    from the same bytes either way, so outputs and LSE must be the same bits; a half tile lost,
+    late or in the wrong place shows. GQA, Nq != Nk, partial last tiles (4100 queries: 22 tiles
+    of 192 rows per head; 3000 keys) and many rounds over the SMs (2640 tiles)."""
+    fn, ext = _need(SM90)
+    q, k, v = make_qkv(3, 40, 8, 4100, 3000, 128, dtype, layout, "cuda", k_bias=1.0, seed=7)
+    call = lambda: fn(q, k, v, tensor_layout=layout, return_lse=True)
+    runs, used = {}, {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", mode)
+        runs[mode] = call()
+        used[mode] = _sm90_d128_variants(call)
+    assert used["0"] == {1}, f"SAGEATTN_SM90_CLUSTER=0 launched {used['0']}"
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # the H100 SXM: its GPCs pair up
+        assert used["1"] == {2}, f"the paired kernel did not run on a 132-SM H100: {used['1']}"
+    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between single and paired CTAs"
+    assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between single and paired CTAs"
+    opts = cuda_defaults(SM90)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], dtype, head_dim=128)
+    ro, rl = attention_quantized(q, k, v, layout, False, None, True, cfg)
+    assert_close_to_reference(runs["1"][0], ro, dtype, f"sm90 pairs {layout}", fp8=True)
+    assert_lse_close_to_reference(runs["1"][1], rl)
+
+
+def test_sm90_cluster_pairs_only_where_they_fit(monkeypatch):
+    """Pairs need two neighbouring tiles of one head: an odd number of tiles per head (2048
+    queries: 11 tiles of 192 rows), causal calls and D=64 keep one CTA per SM."""
+    fn, _ = _need(SM90)
+    monkeypatch.delenv("SAGEATTN_SM90_CLUSTER", raising=False)
+    q, k, v = make_qkv(1, 8, 8, 2048, 2048, 128, torch.bfloat16, "HND", "cuda", seed=3)
+    assert _sm90_d128_variants(lambda: fn(q, k, v)) == {1}
+    assert _sm90_d128_variants(lambda: fn(q, k, v, is_causal=True)) <= {1}
+
+
 @pytest.mark.parametrize("backend", ALL)
 def test_inputs_are_not_modified(backend):
     fn, _ = _need(backend)

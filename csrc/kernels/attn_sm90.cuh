@@ -85,7 +85,7 @@ struct Sm90Shape {
   static constexpr int kOffO = kOffV + kStages * kVStride;
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr int kOffBar = kOffO + kNC * kOBytes;
-  static constexpr int kBars = 2 * kQBufs + 3 * kStages;
+  static constexpr int kBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
 
@@ -140,8 +140,14 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 
 // gridDim.x CTAs (one per SM, or one per tile) take work tiles w: blockIdx.x first, then
 // blockIdx.x + i * gridDim.x or, with p.tile_counter, gridDim.x + the counter's next value.
-template <int D, int NCONS, typename OutT>
+// CL = 2: clusters of two CTAs whose work tiles are always two neighbouring tiles of one head
+// (fixed stride, an even grid and an even number of tiles per head: sm90_cluster_ok); each
+// CTA's producer loads half of every K and V tile and multicasts it to both, so the pair reads
+// the head's K and V from L2 once instead of twice (at the power cap that traffic costs
+// clock: bench/NOTES.md). The consumers are the same.
+template <int D, int NCONS, typename OutT, int CL = 1>
 __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
+  static_assert(CL == 1 || CL == 2, "one CTA, or a pair sharing K and V");
   using S = Sm90Shape<D, NCONS>;
   constexpr int ST = S::kStages, BK = S::kBK, NC = S::kNC;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
@@ -158,6 +164,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   uint64_t* full_k = bars + 2 * S::kQBufs;    // [ST]
   uint64_t* full_v = full_k + ST;             // [ST]
   uint64_t* empty = full_v + ST;              // [ST]
+  uint64_t* peer_empty = empty + ST;          // [ST] (CL = 2) the other CTA's slot is free too
   // With the tile counter, the index of the work tile in each Q buffer goes from the producer to
   // the consumers through p.tile_counter[1 + 2 * blockIdx.x + buffer], written before the
   // producer's arrival on that buffer's full_q barrier and read after the consumers' wait on it
@@ -180,6 +187,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       mbar_init(&full_k[s], 1);
       mbar_init(&full_v[s], 1);
       mbar_init(&empty[s], 4 * NC);
+      if constexpr (CL == 2) mbar_init(&peer_empty[s], 1);
     }
     mbar_fence_init();
   }
@@ -189,6 +197,8 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   }
   fence_proxy_async();  // the ones are read by wgmma (the async proxy)
   __syncthreads();
+  // the other CTA's loads land on this one's barriers: none before they are initialised
+  if constexpr (CL == 2) cluster_sync();
   // launched with launch_pdl: the set-up above overlaps the end of quant_qkv; every global
   // access (TMA loads, scales, O, LSE) comes after this
   pdl_wait();
@@ -201,6 +211,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       tma_prefetch_desc(&a.tk);
       tma_prefetch_desc(&a.tv);
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
+      [[maybe_unused]] const uint32_t rank = CL == 2 ? cluster_rank() : 0u;  // its half of each K/V tile
       // The CTA's work tiles: blockIdx.x first, then every gridDim.x-th, or (tile_counter) the
       // next unclaimed one, claimed when this tile's loads are all issued (a few key tiles
       // before the consumers finish it), so CTAs that finish early take more. The end is
@@ -220,11 +231,28 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
         tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
         for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
           const int st = c % ST;
-          if (c >= ST) mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
-          mbar_expect_tx(&full_k[st], S::kKBytes);
-          tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
-          mbar_expect_tx(&full_v[st], S::kVBytes);
-          tma_load_2d(smem + S::kOffV + st * S::kVStride, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
+          if constexpr (CL == 1) {
+            if (c >= ST) mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
+            mbar_expect_tx(&full_k[st], S::kKBytes);
+            tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
+            mbar_expect_tx(&full_v[st], S::kVBytes);
+            tma_load_2d(smem + S::kOffV + st * S::kVStride, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
+          } else {
+            // slot st is rewritten in both CTAs: wait for this CTA's consumers, tell the other
+            // CTA, and wait for its word that its consumers are done too
+            if (c >= ST) {
+              mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
+              mbar_arrive_cluster(&peer_empty[st], rank ^ 1);
+              mbar_wait(&peer_empty[st], ((c / ST) & 1) ^ 1);
+            }
+            // the whole tile lands here: this CTA's half and the other's (which may come first)
+            mbar_expect_tx(&full_k[st], S::kKBytes);
+            tma_load_2d_multicast(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / 2), &a.tk, 0,
+                                  static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / 2)), &full_k[st], 3);
+            mbar_expect_tx(&full_v[st], S::kVBytes);
+            tma_load_2d_multicast(smem + S::kOffV + st * S::kVStride + rank * (S::kVBytes / 2), &a.tv, kb * BK,
+                                  static_cast<int>(bhk * D + rank * (D / 2)), &full_v[st], 3);
+          }
         }
         w = p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
       }
@@ -540,27 +568,63 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   }
 }
 
-// Host side (attn_sm90_host.cu): the tensor maps of one call, the persistent grid size
-// (the SMs of the current device, at most `tiles`; 0 on error) and the consumer count.
-cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, Sm90Args& a);
+// Host side (attn_sm90_host.cu): the tensor maps of one call (K and V in boxes of 1 / kv_parts
+// of a tile: kv_parts CTAs load one tile together), the persistent grid size (the SMs of the
+// current device, at most `tiles`; 0 on error), the consumer count, and whether a call may run
+// on clusters of two (the kernel's CL = 2; SAGEATTN_SM90_CLUSTER=0 or 1 decides, for A/B runs).
+cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, int kv_parts, Sm90Args& a);
 int sm90_grid(int64_t tiles);
 int sm90_consumers(const AttnParams& p, int head_dim);
+bool sm90_cluster_ok(const AttnParams& p, int bq, int64_t tiles, int grid);
 
 // Work tiles of one call with BQ-row tiles (the last of each head may be partly filled).
 inline int64_t sm90_tiles(const AttnParams& p, int bq) {
   return static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
 }
 
-template <int D, int NC>
-cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
+template <int D, int NC, int CL>
+cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, int tiles) {
   using S = Sm90Shape<D, NC>;
   Sm90Args a;
   a.p = p;
-  cudaError_t err = sm90_make_maps(p, D, S::kBQ, a);
+  cudaError_t err = sm90_make_maps(p, D, S::kBQ, CL, a);
   if (err != cudaSuccess) return err;
-  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16> : attn_sm90_kernel<D, NC, __half>;
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL> : attn_sm90_kernel<D, NC, __half, CL>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
+  return launch_pdl_cluster(CL, kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, tiles);
+}
+
+// How many two-CTA clusters of the CL = 2 kernel fit on the current device at once (cached per
+// device; 0 when the driver says none or cannot say): the persistent grid needs all its pairs
+// resident (the SMs of a GPC pair up; a GPC with an odd count leaves one SM out).
+template <int D, int NC>
+int sm90_resident_pairs() {
+  using S = Sm90Shape<D, NC>;
+  static int cached[64];  // pairs + 1; 0: not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 64 && cached[dev] > 0) return cached[dev] - 1;
+  auto kernel = attn_sm90_kernel<D, NC, __nv_bfloat16, 2>;  // the __half one has the same resources
+  int n = 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(2), cfg.blockDim = dim3(S::kThreads), cfg.dynamicSmemBytes = S::kSmem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr, cfg.numAttrs = 1;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    n = 0;
+    (void)cudaGetLastError();  // this refusal only means: no clusters
+  }
+  if (dev < 64) cached[dev] = n + 1;
+  return n;
+}
+
+template <int D, int NC>
+cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
+  using S = Sm90Shape<D, NC>;
   const int64_t tiles = sm90_tiles(p, S::kBQ);
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   // Causal tiles differ in length (1 to nk/128 key tiles): a fixed stride over the SMs leaves
@@ -569,7 +633,13 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   // hardware balances them as CTAs finish.
   const int grid = p.causal && !p.tile_counter ? static_cast<int>(tiles) : sm90_grid(tiles);
   if (grid <= 0) return cudaErrorInvalidDevice;
-  return launch_pdl(kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, static_cast<int>(tiles));
+  // pairs of CTAs sharing K and V: D=128 with three consumers (long sequences), the only shape
+  // where it was measured to pay (bench/NOTES.md)
+  if constexpr (D == 128 && NC == 3) {
+    if (sm90_cluster_ok(p, S::kBQ, tiles, grid) && 2 * sm90_resident_pairs<D, NC>() >= grid)
+      return attn_sm90_run<D, NC, 2>(p, stream, grid, static_cast<int>(tiles));
+  }
+  return attn_sm90_run<D, NC, 1>(p, stream, grid, static_cast<int>(tiles));
 }
 
 template <int D>

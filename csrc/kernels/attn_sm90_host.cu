@@ -63,14 +63,14 @@ bool encode_o(CUtensorMap* m, const AttnParams& p) {
 
 }  // namespace
 
-cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, Sm90Args& a) {
+cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_parts, Sm90Args& a) {
   const CUtensorMapSwizzle qk_swizzle = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const uint64_t q_rows = static_cast<uint64_t>(p.batch) * p.heads_q * p.nq_pad;
   const uint64_t kv_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * p.nk_pad;
   const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * d;
   const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, d, qk_swizzle) &&
-                  encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK, d, qk_swizzle) &&
-                  encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+                  encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, d, qk_swizzle) &&
+                  encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
   a.o_tma = encode_o(&a.to, p) ? 1 : 0;
 #ifdef SAGE_SM90_NO_OTMA  // experiments: the plain-store epilogue everywhere
@@ -95,6 +95,15 @@ int sm90_consumers(const AttnParams& p, int head_dim) {
   }();
   const int nc3_keys = env_keys > 0 ? env_keys : (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL : SAGE_SM90_NC3_KEYS);
   return p.nk >= nc3_keys ? 3 : 2;
+}
+
+bool sm90_cluster_ok(const AttnParams& p, int bq, int64_t tiles, int grid) {
+  const char* e = std::getenv("SAGEATTN_SM90_CLUSTER");  // read per call: A/B runs in one process
+  if (e && e[0] == '0' && e[1] == '\0') return false;
+  // the fixed stride (no tile counter) with an even grid gives CTAs 2i and 2i + 1 the tiles
+  // w and w + 1, w even: one head's neighbours when every head has an even number of tiles
+  const int ntq = (p.nq_pad + bq - 1) / bq;
+  return !p.causal && !p.tile_counter && ntq % 2 == 0 && tiles % 2 == 0 && grid % 2 == 0;
 }
 
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {

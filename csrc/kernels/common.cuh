@@ -16,20 +16,33 @@ namespace sage {
 // start (and run up to its pdl_wait()) while the previous kernel of the stream finishes. Only
 // for kernels that call pdl_wait() before any global-memory access. SAGEATTN_NO_PDL=1 in the
 // environment (read once per process) launches them plainly, for comparisons and debugging.
+// launch_pdl_cluster also groups the CTAs in clusters of `cluster` along x (1: none).
 template <typename... Params, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       Args&&... args) {
+cudaError_t launch_pdl_cluster(unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, Args&&... args) {
   static const bool off = [] {
     const char* e = std::getenv("SAGEATTN_NO_PDL");
     return e != nullptr && *e != '\0' && *e != '0';
   }();
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr, cfg.numAttrs = off ? 0 : 1;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (!off) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster, attrs[n].val.clusterDim.y = 1, attrs[n++].val.clusterDim.z = 1;
+  }
+  cfg.attrs = attrs, cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  return launch_pdl_cluster(1u, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 constexpr float kAmaxEps = 1e-12f;  // an all-zero group still gets a finite scale

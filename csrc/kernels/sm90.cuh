@@ -47,6 +47,38 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int c0,
       "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
       : "memory");
 }
+// ---- two-CTA clusters: K and V tiles shared by a pair of CTAs working on one head ----
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster (release / acquire: the barrier initialisations
+// before it are visible to the other CTAs after it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrives on the mbarrier at the same offset in the shared memory of cluster CTA `cta` (the
+// default .release.cta: what it orders is that this CTA's consumers are done reading a slot,
+// which they were before their own arrivals; .cluster scope costs a GPU-wide fence per call).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)),
+      "r"(cta)
+      : "memory");
+}
+// tma_load_2d into the same offset of every CTA in `mask` (bit i: cluster rank i), each
+// counting the bytes on its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* tmap, int c0, int c1, uint64_t* bar,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(mask)
+      : "memory");
+}
 // Stores v at shared address base ^ x (x a constant): the 128-byte swizzle's XOR of a 16-byte
 // chunk index, computed at the store (the compiler would otherwise hoist every address out of
 // the loops and keep, or spill, them).

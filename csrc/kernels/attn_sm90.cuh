@@ -26,6 +26,8 @@
 //     in a ring: ping-pong). Running a consumer's softmax during its own GEMMs was measured
 //     slower (bench/NOTES.md).
 // setmaxnreg moves registers from the producer (which needs few) to the consumers.
+// At D=128 with three consumers, non-causal, CTAs may run in clusters of two that share each
+// K and V tile: every producer loads half of it and multicasts it to both (CL = 2 below).
 //
 // Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and
 // quant_v_fp8 (V^T with tokens permuted inside 16-token groups so that the accumulator

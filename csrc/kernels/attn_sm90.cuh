@@ -213,7 +213,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       tma_prefetch_desc(&a.tk);
       tma_prefetch_desc(&a.tv);
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
-      [[maybe_unused]] const uint32_t rank = CL == 2 ? cluster_rank() : 0u;  // its half of each K/V tile
+      const uint32_t rank = CL == 2 ? cluster_rank() : 0u;  // its part of each K/V tile
+      auto load_kv = [&](void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+        if constexpr (CL == 1) tma_load_2d(dst, map, c0, c1, bar);
+        else tma_load_2d_multicast(dst, map, c0, c1, bar, 3);  // into both CTAs
+      };
       // The CTA's work tiles: blockIdx.x first, then every gridDim.x-th, or (tile_counter) the
       // next unclaimed one, claimed when this tile's loads are all issued (a few key tiles
       // before the consumers finish it), so CTAs that finish early take more. The end is
@@ -233,28 +237,23 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
         tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
         for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
           const int st = c % ST;
-          if constexpr (CL == 1) {
-            if (c >= ST) mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
-            mbar_expect_tx(&full_k[st], S::kKBytes);
-            tma_load_2d(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
-            mbar_expect_tx(&full_v[st], S::kVBytes);
-            tma_load_2d(smem + S::kOffV + st * S::kVStride, &a.tv, kb * BK, static_cast<int>(bhk * D), &full_v[st]);
-          } else {
-            // slot st is rewritten in both CTAs: wait for this CTA's consumers, tell the other
-            // CTA, and wait for its word that its consumers are done too
-            if (c >= ST) {
-              mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
+          if (c >= ST) {
+            mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
+            if constexpr (CL == 2) {
+              // slot st is rewritten in both CTAs: tell the other CTA this one's consumers are
+              // done with it, and wait for its word that its consumers are done too
               mbar_arrive_cluster(&peer_empty[st], rank ^ 1);
               mbar_wait(&peer_empty[st], ((c / ST) & 1) ^ 1);
             }
-            // the whole tile lands here: this CTA's half and the other's (which may come first)
-            mbar_expect_tx(&full_k[st], S::kKBytes);
-            tma_load_2d_multicast(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / 2), &a.tk, 0,
-                                  static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / 2)), &full_k[st], 3);
-            mbar_expect_tx(&full_v[st], S::kVBytes);
-            tma_load_2d_multicast(smem + S::kOffV + st * S::kVStride + rank * (S::kVBytes / 2), &a.tv, kb * BK,
-                                  static_cast<int>(bhk * D + rank * (D / 2)), &full_v[st], 3);
           }
+          // the whole tile lands here; with CL = 2 this CTA loads its half (the other CTA's half
+          // may come first) into both CTAs
+          mbar_expect_tx(&full_k[st], S::kKBytes);
+          load_kv(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / CL), &a.tk, 0,
+                  static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / CL)), &full_k[st]);
+          mbar_expect_tx(&full_v[st], S::kVBytes);
+          load_kv(smem + S::kOffV + st * S::kVStride + rank * (S::kVBytes / CL), &a.tv, kb * BK,
+                  static_cast<int>(bhk * D + rank * (D / CL)), &full_v[st]);
         }
         w = p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
       }
@@ -611,9 +610,7 @@ int sm90_resident_pairs() {
   int n = 0;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(2), cfg.blockDim = dim3(S::kThreads), cfg.dynamicSmemBytes = S::kSmem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = cluster_attr(2);
   cfg.attrs = &attr, cfg.numAttrs = 1;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
       cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {

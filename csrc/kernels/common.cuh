@@ -17,6 +17,12 @@ namespace sage {
 // for kernels that call pdl_wait() before any global-memory access. SAGEATTN_NO_PDL=1 in the
 // environment (read once per process) launches them plainly, for comparisons and debugging.
 // launch_pdl_cluster also groups the CTAs in clusters of `cluster` along x (1: none).
+inline cudaLaunchAttribute cluster_attr(unsigned x) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = x, a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+  return a;
+}
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl_cluster(unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                cudaStream_t stream, Args&&... args) {
@@ -32,10 +38,7 @@ cudaError_t launch_pdl_cluster(unsigned cluster, void (*kernel)(Params...), dim3
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster, attrs[n].val.clusterDim.y = 1, attrs[n++].val.clusterDim.z = 1;
-  }
+  if (cluster > 1) attrs[n++] = cluster_attr(cluster);
   cfg.attrs = attrs, cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }

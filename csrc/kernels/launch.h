@@ -53,7 +53,8 @@ cudaError_t quant_v_fp8(const QuantVFp8Params& p, cudaStream_t stream);
 // keys (every key up to 128): the K mean and V's largest |v| (V's scale: 8x that, or, when
 // smoothing V, its sum/max/min over all keys -> scale and mean), then one grid whose blocks
 // quantize V tiles, K row blocks and Q row blocks, then (sampled V scale without v_full only)
-// a grid that gives channels a value overflowed the exact scale and quantizes them again. Same outputs
+// a grid that gives each channel with a value past its sampled scale the exact scale and
+// quantizes it again. Same outputs
 // as quant_int8 (Q with block_rows kAttnWarpQ, K with kAttnBlockK and the K mean), given that
 // K mean (this kernel's own fixed-order fp32 sum / rows), and, when smoothing V, quant_v_fp8.
 struct QuantQKVParams {

@@ -51,6 +51,8 @@ def main():
     }
     if "cuda_sm90" in sa.available_backends():
         funcs["cuda_sm90"] = lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)
+        funcs["cuda_sm90 v_fp8_terms=2"] = lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(
+            q, k, v, is_causal=c, v_fp8_terms=2)
     tables = {}
     for sink in (False, True):
         rows = []

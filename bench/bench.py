@@ -64,6 +64,8 @@ def backends(selected=None):
         ("cuda_fp8_acc32", "cuda_fp8",
          lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp32+fp32")),
         ("cuda_sm90", "cuda_sm90", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)),
+        ("cuda_sm90_v2", "cuda_sm90",
+         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c, v_fp8_terms=2)),
     ):
         if base in avail:
             table[name] = fn

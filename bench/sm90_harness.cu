@@ -65,7 +65,10 @@ int main(int argc, char** argv) {
   uint16_t* o;
   CHECK(cudaMalloc(&q, nqk));
   CHECK(cudaMalloc(&k, nqk));
-  CHECK(cudaMalloc(&v, int64_t(B) * H * D * nk_pad));
+  // SAGE_HARNESS_VTERMS=2: V^T as two e4m3 terms (the kernel's VX = 2)
+  const char* vt_env = std::getenv("SAGE_HARNESS_VTERMS");
+  const int vterms = vt_env && std::atoi(vt_env) == 2 ? 2 : 1;
+  CHECK(cudaMalloc(&v, int64_t(B) * H * vterms * D * nk_pad));
   const int64_t nqs = int64_t(B) * H * (nq_pad / sage::kAttnWarpQ) * 8, nks = int64_t(B) * H * (nk_pad / sage::kAttnBlockK) * 4;
   CHECK(cudaMalloc(&qs, nqs * 4));
   CHECK(cudaMalloc(&ks, nks * 4));
@@ -73,7 +76,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&o, int64_t(B) * H * N * D * 2));
   fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), nqk, 1, 0);
   fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), nqk, 2, 0);
-  fill_bytes<<<1024, 256>>>(v, int64_t(B) * H * D * nk_pad, 3, 1);
+  fill_bytes<<<1024, 256>>>(v, int64_t(B) * H * vterms * D * nk_pad, 3, 1);
   // scores of a few units in the log2 domain: std(q.k) ~ sqrt(D) * 127^2 / 3
   const float sc = std::sqrt(3.f / (std::sqrt(float(D)) * 127.f * 127.f / 3.f));
   fill_f32<<<256, 256>>>(qs, nqs, sc);
@@ -88,7 +91,7 @@ int main(int argc, char** argv) {
   p.o_stride_n = D, p.o_stride_h = int64_t(N) * D, p.o_stride_b = int64_t(H) * N * D, p.d_out = D;
   p.lse = nullptr, p.lse_add = nullptr;
   p.batch = B, p.heads_q = H, p.heads_kv = H, p.nq = N, p.nk = N, p.nq_pad = nq_pad, p.nk_pad = nk_pad;
-  p.causal = causal, p.accum = sage::PVAccum::kFp32Fp32;
+  p.causal = causal, p.accum = sage::PVAccum::kFp32Fp32, p.v_terms = vterms;
 
   // the dynamic schedule's counter, where the call would use one (zeroed before each launch)
   const int ints = sage::attn_sm90_scratch_ints(p, D);
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
     std::memcpy(&v, &f, 4);
     sum += std::fabs(v);
   }
-  std::printf("D=%d B=%d H=%d N=%d causal=%d: %.1f us, %.0f TOPS, mean |o| %.6g\n", D, B, H, N, causal, t * 1e6,
+  std::printf("D=%d B=%d H=%d N=%d causal=%d v_terms=%d: %.1f us, %.0f TOPS, mean |o| %.6g\n", D, B, H, N, causal, vterms, t * 1e6,
               ops / t * 1e-12, sum / host.size());
   return 0;
 }

@@ -86,7 +86,7 @@ def _register_fakes(ns: str) -> None:
     if hasattr(getattr(torch.ops, ns), "quant_qkv"):
 
         def quant_qkv(q, k, v, q_prescale, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
-                      nq_pad, nk_pad, d_pad, v_full_stats=False):
+                      nq_pad, nk_pad, d_pad, v_full_stats=False, v_terms=1):
             b, hq, nq, d = q.shape
             hk = k.shape[1]
             f32 = torch.float32
@@ -97,7 +97,7 @@ def _register_fakes(ns: str) -> None:
                 q.new_empty((b, hk, nk_pad, d_pad), dtype=torch.int8),
                 q.new_empty((b, hk, nk_pad // BLOCK_K * k_groups), dtype=f32),
                 q.new_empty((b, hk, d) if smooth_k else (0, 0, 0), dtype=f32),
-                q.new_empty((b, hk, d_pad, nk_pad), dtype=torch.float8_e4m3fn),
+                q.new_empty((b, hk, v_terms * d_pad, nk_pad), dtype=torch.float8_e4m3fn),
                 q.new_empty((b, hk, d_pad), dtype=f32),
                 q.new_empty((b, hk, d_pad) if smooth_v else (0, 0, 0), dtype=f32),
             )
@@ -135,8 +135,10 @@ def v_fits_l2(v) -> bool:
 
 
 def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,
-            qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool):
-    """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``."""
+            qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool,
+            v_fp8_terms: int = 1):
+    """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``. ``v_fp8_terms=2``
+    (the Hopper kernel only) stores V as two e4m3 terms."""
     d = q.shape[3]
     module = kernel_module(module, d)
     require(fn, module)
@@ -156,7 +158,7 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
         q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
             qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,
-            nq_pad, nk_pad, dp, v_fits_l2(vh))
+            nq_pad, nk_pad, dp, v_fits_l2(vh), v_fp8_terms)
         if not smooth_v:
             v_mean = None
     else:
@@ -173,7 +175,7 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
 
 
 def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype: torch.dtype,
-                     smooth_k: bool = True, smooth_v: bool = False, head_dim: int = 128):
+                     smooth_k: bool = True, smooth_v: bool = False, head_dim: int = 128, v_fp8_terms: int = 1):
     """The :class:`~sageattention.reference.QuantConfig` of what these kernels compute."""
     from .reference import FP8_E4M3_MAX, QuantConfig
 
@@ -194,4 +196,5 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
         l_from_pv=module == SM90,
         mma_bits=SM90_MMA_BITS if module == SM90 else None,
+        v_terms=v_fp8_terms,
     )

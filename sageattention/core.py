@@ -131,7 +131,7 @@ def sageattn(
     opts = {**_CUDA_DEFAULTS[backend], **dict(options)}
     return _cuda_run(fn, dispatch.BACKENDS[backend].extension, q, k, v, tensor_layout, dims, is_causal, scale,
                      opts["qk_quant_gran"], opts["pv_accum_dtype"], opts["smooth_k"], opts.get("smooth_v", False),
-                     return_lse)
+                     return_lse, opts.get("v_fp8_terms", 1))
 
 
 def sageattn_qk_int8_pv_fp16_triton(
@@ -165,7 +165,7 @@ def sageattn_qk_int8_pv_fp16_triton(
 
 
 def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
-                pv_accum_dtype, pv_choices, smooth_k, smooth_v, return_lse, kwargs, smooth_v_modes):
+                pv_accum_dtype, pv_choices, smooth_k, smooth_v, return_lse, kwargs, smooth_v_modes, v_fp8_terms=1):
     """Validation shared by the CUDA kernel functions, then the compiled pipeline (_cuda.py)."""
     C.check_choice(fn, "qk_quant_gran", qk_quant_gran, _GRANS)
     if pv_accum_dtype == "fp16" and "fp16" not in pv_choices:
@@ -180,12 +180,17 @@ def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm
         modes = " or ".join(repr(m) for m in smooth_v_modes) or "no mode of this function"
         raise ValueError(f"{fn}: smooth_v=True works with pv_accum_dtype {modes}, got {pv_accum_dtype!r}")
     dims, scale, _ = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    if v_fp8_terms == 2 and dims.head_dim > 128:
+        raise ValueError(
+            f"{fn}: v_fp8_terms=2 needs a head dim of at most 128 (the Hopper kernel), got {dims.head_dim}: "
+            "head dims 129-256 run on the mma.sync fp8 kernel, which keeps V as one e4m3 term"
+        )
     return _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
-                     smooth_k, smooth_v, return_lse)
+                     smooth_k, smooth_v, return_lse, v_fp8_terms)
 
 
 def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
-              smooth_k, smooth_v, return_lse):
+              smooth_k, smooth_v, return_lse, v_fp8_terms=1):
     """The compiled pipeline (_cuda.py) on validated arguments."""
     require(fn, module)
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
@@ -193,7 +198,7 @@ def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_qua
     from . import _cuda
 
     return _cuda.forward(fn, module, q, k, v, tensor_layout, is_causal, scale, qk_quant_gran,
-                         pv_accum_dtype, smooth_k, smooth_v, return_lse)
+                         pv_accum_dtype, smooth_k, smooth_v, return_lse, v_fp8_terms)
 
 
 def sageattn_qk_int8_pv_fp16_cuda(
@@ -247,12 +252,21 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(
     pv_accum_dtype: str = "fp32+fp32",
     smooth_k: bool = True,
     return_lse: bool = False,
+    v_fp8_terms: int = 1,
     **kwargs,
 ):
-    """Hopper kernel (sm90a: wgmma, TMA): INT8 QK^T, FP8 PV. Needs the compiled extension."""
-    return _cuda_entry("sageattn_qk_int8_pv_fp8_cuda_sm90", dispatch.BACKENDS["cuda_sm90"].extension,
+    """Hopper kernel (sm90a: wgmma, TMA): INT8 QK^T, FP8 PV. Needs the compiled extension.
+
+    ``v_fp8_terms=2`` (not in upstream) stores each value of V as the sum of two e4m3 numbers
+    (its rounding, then the rounding of the remainder) and runs the PV product on both: V to
+    about bf16's precision, for more accuracy at some speed (README). Head dims up to 128.
+    """
+    fn = "sageattn_qk_int8_pv_fp8_cuda_sm90"
+    if type(v_fp8_terms) is not int or v_fp8_terms not in (1, 2):
+        raise ValueError(f"{fn}: v_fp8_terms must be 1 or 2, got {v_fp8_terms!r}")
+    return _cuda_entry(fn, dispatch.BACKENDS["cuda_sm90"].extension,
                        q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype,
-                       _PV_SM90, smooth_k, False, return_lse, kwargs, ())
+                       _PV_SM90, smooth_k, False, return_lse, kwargs, (), v_fp8_terms)
 
 
 def sageattn_varlen(

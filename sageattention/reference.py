@@ -76,6 +76,9 @@ class QuantConfig:
     # exact one (see quantize_v_fp8)
     v_amax_rows: Optional[int] = None
     v_amax_margin: float = 8.0
+    # fp8 V as the sum of v_terms e4m3 numbers: 1, or 2 (the rounding of v, then the rounding of
+    # what it left; the sm90 kernel's v_fp8_terms=2, about bf16's precision)
+    v_terms: int = 1
     p_scale: float = FP8_E4M3_MAX
     # row sums l of the rounded P that the PV product multiplies (the sm90 kernel reads them
     # off its tensor cores, a column of ones next to V) instead of the unrounded P
@@ -101,6 +104,8 @@ class QuantConfig:
             raise ValueError(f"k_mean_rows must be None or >= 1, got {self.k_mean_rows}")
         if self.v_amax_rows is not None and self.v_amax_rows < 1:
             raise ValueError(f"v_amax_rows must be None or >= 1, got {self.v_amax_rows}")
+        if self.v_terms not in (1, 2) or (self.v_terms == 2 and self.pv != "fp8"):
+            raise ValueError(f"v_terms must be 1, or 2 with pv='fp8', got {self.v_terms} with pv={self.pv!r}")
         if not self.v_amax_margin >= 1.0:
             raise ValueError(f"v_amax_margin must be >= 1, got {self.v_amax_margin}")
         for name in ("blk_q", "blk_k", "warp_q", "warp_k", "block_n", "mma_k"):
@@ -219,11 +224,15 @@ def quantize_v_fp8(
     smooth: bool = False,
     amax_rows: Optional[int] = None,
     margin: float = 8.0,
+    terms: int = 1,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Per-channel FP8 e4m3 of ``v [..., N, D]``.
 
     Returns ``(vq, v_scale [..., D], vm [..., D] or None)`` with
     ``v ~= vq * v_scale (+ vm)``; a constant or all-zero channel gets a finite scale.
+    With ``terms=2``, ``vq`` is ``[..., N, 2 * D]``: the e4m3 rounding ``hi`` of each scaled
+    value, then the e4m3 rounding of ``scaled - hi`` (exact in fp32), and
+    ``v ~= (hi + lo) * v_scale (+ vm)`` to about bf16's precision.
 
     The scale is ``amax / scale_max`` with ``amax`` the channel's largest ``|v|`` (after the
     mean's subtraction when smoothing). With ``amax_rows`` (and no smoothing) it is that of the
@@ -243,7 +252,12 @@ def quantize_v_fp8(
         est = (rows.abs().amax(dim=-2) * torch.tensor(margin, dtype=torch.float32)).clamp_min(AMAX_EPS)
         over = (v * _fdiv(scale_max, est).unsqueeze(-2)).abs().gt(scale_max).any(dim=-2)
         amax = torch.where(over, amax, est)
-    vq = round_to(v * _fdiv(scale_max, amax).unsqueeze(-2), "fp8")
+    y = v * _fdiv(scale_max, amax).unsqueeze(-2)
+    vq = round_to(y, "fp8")
+    if terms == 2:
+        vq = torch.cat([vq, round_to(y - vq, "fp8")], dim=-1)
+    elif terms != 1:
+        raise ValueError(f"terms must be 1 or 2, got {terms}")
     return vq, amax / scale_max, vm
 
 
@@ -402,7 +416,8 @@ def attention_quantized(
     # V operand
     vm = v_scale = None
     if cfg.pv == "fp8":
-        vop, v_scale, vm = quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v, cfg.v_amax_rows, cfg.v_amax_margin)
+        vop, v_scale, vm = quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v, cfg.v_amax_rows, cfg.v_amax_margin,
+                                          cfg.v_terms)
     else:
         v32 = vh.float()
         if cfg.smooth_v:
@@ -441,13 +456,25 @@ def attention_quantized(
                 pr = round_to(p, cfg.pv)
             vb = vop[..., j0 : j0 + cfg.block_n, :].to(f64)
             if cfg.mma_bits is None:
-                blk = torch.matmul(pr, vb)
+                blk = torch.matmul(pr, vb if cfg.v_terms == 1 else vb[..., :d] + vb[..., d:])
                 lb = (pr if cfg.l_from_pv else p).sum(dim=-1)
             else:
                 # the product-sum of the e4m3 operands themselves (P scaled by p_scale): the
-                # truncation depends on their exponents; the l column multiplies P by ones
+                # truncation depends on their exponents; the l column multiplies P by ones.
+                # Two V terms: P times the first (with the ones), then times the second (with a
+                # zero column), as further steps of the same accumulator
                 ones = torch.ones(vb.shape[:-1] + (1,), dtype=f64, device=vb.device)
-                both = mma_truncated(ps, torch.cat([vb, ones], dim=-1), cfg.mma_bits, cfg.mma_k)
+                if cfg.v_terms == 1:
+                    a_op, b_op = ps, torch.cat([vb, ones], dim=-1)
+                else:
+                    # (a partial last block padded with zero keys to whole instructions, as the
+                    # kernel's zero-filled tile, so that no instruction mixes the two terms)
+                    pad = -ps.shape[-1] % cfg.mma_k
+                    psp = torch.nn.functional.pad(ps, (0, pad))
+                    hi = torch.nn.functional.pad(torch.cat([vb[..., :d], ones], dim=-1), (0, 0, 0, pad))
+                    lo = torch.nn.functional.pad(torch.cat([vb[..., d:], torch.zeros_like(ones)], dim=-1), (0, 0, 0, pad))
+                    a_op, b_op = torch.cat([psp, psp], dim=-1), torch.cat([hi, lo], dim=-2)
+                both = mma_truncated(a_op, b_op, cfg.mma_bits, cfg.mma_k)
                 blk, lpv = both[..., :-1] / cfg.p_scale, both[..., -1] / cfg.p_scale
                 lb = lpv if cfg.l_from_pv else p.sum(dim=-1)
             lc = lc * alpha + lb

@@ -26,6 +26,7 @@ MODES = [
     ("cuda_fp8", {"pv_accum_dtype": "fp32+fp16"}),
     ("cuda_sm90", {"pv_accum_dtype": "fp32+fp32"}),
     ("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_warp"}),
+    ("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "v_fp8_terms": 2}),
 ]
 
 
@@ -56,7 +57,8 @@ def main(argv=None) -> int:
                 ext = _cuda.kernel_module(dispatch.BACKENDS[backend].extension, d)
                 nk_pad = -(-n // _cuda.kv_block(ext)) * _cuda.kv_block(ext)
                 _cuda.ops(ext).quant_qkv(q, k, v, 0.1, 8, 4, True, False, False, _cuda.FP8_MAX,
-                                         -(-n // _cuda.BLOCK_Q) * _cuda.BLOCK_Q, nk_pad, _cuda.padded_head_dim(d), False)
+                                         -(-n // _cuda.BLOCK_Q) * _cuda.BLOCK_Q, nk_pad, _cuda.padded_head_dim(d), False,
+                                         opts.get("v_fp8_terms", 1))
             torch.cuda.synchronize()
             fine = bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
             bad += not fine

@@ -118,6 +118,13 @@ CASES = [
     ("sm90-accum", _dense(C90, pv_accum_dtype="fp32"), ValueError, ["pv_accum_dtype", "'fp32+fp32'", "'fp32'"]),
     ("sm90-smooth-v-unknown", _dense(C90, smooth_v=True), TypeError, ["unexpected keyword", "'smooth_v'"]),
     ("sm90-gran", _dense(C90, qk_quant_gran=3), ValueError, ["qk_quant_gran", "3"]),
+    ("sm90-v-terms-3", _dense(C90, v_fp8_terms=3), ValueError, ["v_fp8_terms", "1 or 2", "3"]),
+    ("sm90-v-terms-bool", _dense(C90, v_fp8_terms=True), ValueError, ["v_fp8_terms", "True"]),
+    ("sm90-v-terms-str", _dense(C90, v_fp8_terms="2"), ValueError, ["v_fp8_terms", "'2'"]),
+    ("sm90-v-terms-d256", _dense(C90, *qkv((1, 2, 8, 200)), v_fp8_terms=2), ValueError,
+     ["v_fp8_terms=2", "at most 128", "200"]),
+    ("fp8-v-terms-unknown", _dense(C8, v_fp8_terms=2), TypeError, ["unexpected keyword", "'v_fp8_terms'"]),
+    ("sageattn-v-terms-unknown", _dense(F, v_fp8_terms=2), TypeError, ["unexpected keyword", "'v_fp8_terms'"]),
     # varlen
     ("varlen-q-4d", _var(q=torch.randn(1, 10, 2, 16, dtype=torch.float16, device=DEV)), ValueError, ["q", "3-D"]),
     ("varlen-cu-float", _var(cu_seqlens_q=torch.tensor([0.0, 4.0, 10.0], device=DEV)), TypeError,

@@ -76,7 +76,7 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
     const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
     bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad,
-    bool v_full_stats) {
+    bool v_full_stats, int64_t v_terms) {
   const char* op = "quant_qkv";
   sage::QuantQKVParams p{};
   p.q = input_of(q, op, "q");
@@ -99,6 +99,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   TORCH_CHECK((q_groups == 1 || q_groups == 8) && (k_groups == 1 || k_groups == 4), kOps, "::", op,
               ": q_groups must be 1 or 8 and k_groups 1 or 4");
   TORCH_CHECK(!rowdot || smooth_k, kOps, "::", op, ": rowdot (q . K mean) needs smooth_k");
+  TORCH_CHECK(v_terms == 1 || v_terms == 2, kOps, "::", op, ": v_terms must be 1 or 2, got ", v_terms);
   c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(at::kFloat);
   Tensor q8 = at::empty({B, Hq, nq_pad, d_pad}, q.options().dtype(at::kChar));
@@ -107,7 +108,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   Tensor k8 = at::empty({B, Hkv, nk_pad, d_pad}, q.options().dtype(at::kChar));
   Tensor k_scale = at::empty({B, Hkv, nk_pad / sage::kAttnBlockK * k_groups}, f32);
   Tensor k_mean = at::empty({smooth_k ? B : 0, smooth_k ? Hkv : 0, smooth_k ? D : 0}, f32);
-  Tensor v8 = at::empty({B, Hkv, d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
+  Tensor v8 = at::empty({B, Hkv, v_terms * d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
   Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
   Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
   // v_inv, then (a sampled V scale, checked by the quantization) the overflow flags, as many
@@ -123,6 +124,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.k_out = k8.data_ptr<int8_t>(), p.k_scale = k_scale.data_ptr<float>();
   p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
   p.v_out = reinterpret_cast<uint8_t*>(v8.data_ptr());
+  p.v_terms = static_cast<int>(v_terms);
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
   p.v_inv = v_work.data_ptr<float>();
@@ -179,8 +181,17 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   const bool fp8 = v.scalar_type() == at::kFloat8_e4m3fn;
   Tensor vk = v;
   if (fp8) {
-    TORCH_CHECK(v.is_contiguous() && v.sizes() == at::IntArrayRef({B, Hkv, Dp, nk_pad}), kOps, "::", op,
-                ": fp8 v must be contiguous [B, Hkv, D, nk_pad], got ", v.sizes());
+#if defined(SAGE_SM90)
+    // [B, Hkv, 2 * D, nk_pad]: each value as two e4m3 terms, hi rows then lo rows (quant_qkv's v_terms=2)
+    const int64_t terms = v.dim() == 4 && v.size(2) == 2 * Dp ? 2 : 1;
+    const char* shapes = "[B, Hkv, D, nk_pad] or [B, Hkv, 2 * D, nk_pad]";
+#else
+    const int64_t terms = 1;
+    const char* shapes = "[B, Hkv, D, nk_pad]";
+#endif
+    TORCH_CHECK(v.is_contiguous() && v.sizes() == at::IntArrayRef({B, Hkv, terms * Dp, nk_pad}), kOps, "::", op,
+                ": fp8 v must be contiguous ", shapes, ", got ", v.sizes());
+    p.v_terms = static_cast<int>(terms);
     TORCH_CHECK(v_scale.has_value(), kOps, "::", op, ": fp8 v needs v_scale");
     check_f32(*v_scale, op, "v_scale", {B, Hkv, Dp});
     p.v_scale = v_scale->data_ptr<float>();
@@ -251,7 +262,8 @@ TORCH_LIBRARY(SAGE_OPS, m) {
 #if defined(SAGE_FP8)
   m.def("quant_v_fp8(Tensor v, float scale_max, bool smooth, int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
   m.def("quant_qkv(Tensor q, Tensor k, Tensor v, float q_prescale, int q_groups, int k_groups, bool smooth_k, "
-        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad, bool v_full_stats=False) "
+        "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad, bool v_full_stats=False, "
+        "int v_terms=1) "
         "-> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 #endif

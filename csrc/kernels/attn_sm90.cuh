@@ -61,16 +61,20 @@ struct Sm90Args {
 #define SAGE_SM90_NC3_KEYS_CAUSAL 8192
 #endif
 
-template <int D, int NC>
+template <int D, int NC, int VX = 1>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128, "native head dims");
   static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
-  static constexpr int kNC = NC;
+  static_assert(VX == 1 || VX == 2, "V as one e4m3 term or two");
+  static constexpr int kNC = NC, kVX = VX;
   // three consumers at D=128: the PV product in two halves of 64 columns, each waited for and
   // folded before the next GEMM, so that O_blk is never live whole beside O (160 registers)
   static constexpr bool kSplitPV = D == 128 && kNC == 3;
   static constexpr int kKbu = kSplitPV ? 1 : 2;  // the key loop's unroll (2 spills 476 bytes with kSplitPV)
   static constexpr int kBQ = 64 * kNC, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 128 * (kNC + 1);
+  // O leaves through a shared-memory stage and TMA, except with V in two terms at D=128 and
+  // three consumers: the stage's 48 KiB then hold the second V terms of a 3-deep ring
+  static constexpr bool kOStage = !(VX == 2 && D == 128 && NC == 3);
   // registers per consumer thread after setmaxnreg (the producer keeps 24): 65536 in all
   static constexpr int kConsRegs = kNC == 2 ? 240 : 160;
   static constexpr int kQBufs = 2;    // Q of the next work tile lands while this one runs
@@ -78,7 +82,10 @@ struct Sm90Shape {
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
   // Each V^T stage is followed by 8 rows of e4m3 ones (written once): the PV product over
   // D + 8 rows gives O and, in its last 8 columns, the row sums of the e4m3 P it multiplied.
-  static constexpr int kOnesBytes = 8 * kBK, kVStride = kVBytes + kOnesBytes;
+  // With V in two terms (VX = 2) the stage holds V^T's e4m3 rounding and those ones, then the
+  // rounding of the remainder followed by 8 rows of zeros: P times both, summed by the tensor
+  // cores, is P V with V to about bf16's precision (and the sums counted once).
+  static constexpr int kOnesBytes = 8 * kBK, kVTerm = kVBytes + kOnesBytes, kVStride = VX * kVTerm;
   static constexpr int kOffK = kQBufs * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   // O of a work tile on its way out: per consumer 64 rows in D/64 boxes of 64x64 16-bit values,
@@ -86,7 +93,7 @@ struct Sm90Shape {
   static constexpr int kOBox = 64 * 128, kOBytes = (D / 64) * kOBox;
   static constexpr int kOffO = kOffV + kStages * kVStride;
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
-  static constexpr int kOffBar = kOffO + kNC * kOBytes;
+  static constexpr int kOffBar = kOffO + (kOStage ? kNC * kOBytes : 0);
   static constexpr int kBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
 };
@@ -147,10 +154,10 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 // CTA's producer loads half of every K and V tile and multicasts it to both, so the pair reads
 // the head's K and V from L2 once instead of twice (at the power cap that traffic costs
 // clock: bench/NOTES.md). The consumers are the same.
-template <int D, int NCONS, typename OutT, int CL = 1>
-__global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
+template <int D, int NCONS, typename OutT, int CL = 1, int VX = 1>
+__global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   static_assert(CL == 1 || CL == 2, "one CTA, or a pair sharing K and V");
-  using S = Sm90Shape<D, NCONS>;
+  using S = Sm90Shape<D, NCONS, VX>;
   constexpr int ST = S::kStages, BK = S::kBK, NC = S::kNC;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   static_assert(BK == 128, "the row maxima below take 16 scores per row and 64-key half");
@@ -195,7 +202,9 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
   }
   for (int i = tid; i < ST * S::kOnesBytes / 4; i += S::kThreads) {
     const int st = i / (S::kOnesBytes / 4), w = i % (S::kOnesBytes / 4);
-    reinterpret_cast<uint32_t*>(smem + S::kOffV + st * S::kVStride + S::kVBytes)[w] = 0x38383838u;  // e4m3 1.0
+    uint32_t* rows = reinterpret_cast<uint32_t*>(smem + S::kOffV + st * S::kVStride + S::kVBytes);
+    rows[w] = 0x38383838u;  // e4m3 1.0
+    if constexpr (VX == 2) rows[S::kVTerm / 4 + w] = 0u;  // after the second term: zeros
   }
   fence_proxy_async();  // the ones are read by wgmma (the async proxy)
   __syncthreads();
@@ -251,9 +260,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
           mbar_expect_tx(&full_k[st], S::kKBytes);
           load_kv(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / CL), &a.tk, 0,
                   static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / CL)), &full_k[st]);
-          mbar_expect_tx(&full_v[st], S::kVBytes);
-          load_kv(smem + S::kOffV + st * S::kVStride + rank * (S::kVBytes / CL), &a.tv, kb * BK,
-                  static_cast<int>(bhk * D + rank * (D / CL)), &full_v[st]);
+          mbar_expect_tx(&full_v[st], VX * S::kVBytes);
+#pragma unroll
+          for (int tm = 0; tm < VX; ++tm)  // V^T rows of term tm: (bhk * VX + tm) * D on
+            load_kv(smem + S::kOffV + st * S::kVStride + tm * S::kVTerm + rank * (S::kVBytes / CL), &a.tv, kb * BK,
+                    static_cast<int>((bhk * VX + tm) * D + rank * (D / CL)), &full_v[st]);
         }
         w = p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
       }
@@ -327,15 +338,19 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       const uint32_t dv0 = kmajor_desc_lo<128>(smem_addr(smem + S::kOffV));
 
       // O_blk = P V for key tile kb-1 (ring slot pst), issued inside a turn: the columns of V^T
-      // rows row0 .. row0 + N - 1 into acc (N / 2 registers), committed as one group.
+      // rows row0 .. row0 + N - 1 into acc (N / 2 registers), committed as one group; with two
+      // V terms, P times the second term's same rows is added in the same accumulator.
       auto issue_pv = [&](auto& acc, int row0) {
         constexpr int N = 2 * static_cast<int>(sizeof(acc) / sizeof(acc[0]));
         const uint32_t dv = dv0 + pst * (S::kVStride >> 4) + ((row0 * BK) >> 4);
 #pragma unroll
-        for (int s = 0; s < BK / 32; ++s) {
-          if (s == 0) wgmma_e4m3_rs_zero<N>(acc, pa[s], kmajor_desc_at<128>(dv));
-          else wgmma_e4m3_rs<N>(acc, pa[s], kmajor_desc_at<128>(dv + 2 * s), 1);
-        }
+        for (int tm = 0; tm < VX; ++tm)
+#pragma unroll
+          for (int s = 0; s < BK / 32; ++s) {
+            const uint64_t db = kmajor_desc_at<128>(dv + tm * (S::kVTerm >> 4) + 2 * s);
+            if (tm == 0 && s == 0) wgmma_e4m3_rs_zero<N>(acc, pa[s], db);
+            else wgmma_e4m3_rs<N>(acc, pa[s], db, 1);
+          }
         wgmma_commit();
       };
       // O = O * alpha + acc, acc (complete) holding output columns from 2 * o0 on. The part
@@ -525,7 +540,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
       auto out2 = [&](int j, int hr) {
         return make_float2(o[4 * j + 2 * hr] * inv[hr] * vs[j].x, o[4 * j + 2 * hr + 1] * inv[hr] * vs[j].y);
       };
-      if (a.o_tma) {
+      if (S::kOStage && a.o_tma) {
         // O through shared memory and one TMA store per 64 columns: 32-bit global stores from
         // the accumulator layout write 16 bytes per row and hold their source registers.
         // First, the previous work tile's store has read this consumer's staging buffer.
@@ -565,7 +580,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS>::kThreads, 1) attn_sm90_ke
         }
       }
     }
-    if (a.o_tma && tid % 128 == 0) bulk_wait();  // shared memory stays until the stores are done
+    if (S::kOStage && a.o_tma && tid % 128 == 0) bulk_wait();  // shared memory stays until the stores are done
   }
 }
 
@@ -583,14 +598,15 @@ inline int64_t sm90_tiles(const AttnParams& p, int bq) {
   return static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
 }
 
-template <int D, int NC, int CL>
+template <int D, int NC, int CL, int VX>
 cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, int tiles) {
-  using S = Sm90Shape<D, NC>;
+  using S = Sm90Shape<D, NC, VX>;
   Sm90Args a;
   a.p = p;
   cudaError_t err = sm90_make_maps(p, D, S::kBQ, CL, a);
   if (err != cudaSuccess) return err;
-  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL> : attn_sm90_kernel<D, NC, __half, CL>;
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL, VX>
+                                              : attn_sm90_kernel<D, NC, __half, CL, VX>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
   return launch_pdl_cluster(CL, kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, tiles);
@@ -599,14 +615,14 @@ cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, in
 // How many two-CTA clusters of the CL = 2 kernel fit on the current device at once (cached per
 // device; 0 when the driver says none or cannot say): the persistent grid needs all its pairs
 // resident (the SMs of a GPC pair up; a GPC with an odd count leaves one SM out).
-template <int D, int NC>
+template <int D, int NC, int VX>
 int sm90_resident_pairs() {
-  using S = Sm90Shape<D, NC>;
+  using S = Sm90Shape<D, NC, VX>;
   static int cached[64];  // pairs + 1; 0: not asked yet
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
   if (dev < 64 && cached[dev] > 0) return cached[dev] - 1;
-  auto kernel = attn_sm90_kernel<D, NC, __nv_bfloat16, 2>;  // the __half one has the same resources
+  auto kernel = attn_sm90_kernel<D, NC, __nv_bfloat16, 2, VX>;  // the __half one has the same resources
   int n = 0;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(2), cfg.blockDim = dim3(S::kThreads), cfg.dynamicSmemBytes = S::kSmem;
@@ -621,9 +637,9 @@ int sm90_resident_pairs() {
   return n;
 }
 
-template <int D, int NC>
+template <int D, int NC, int VX>
 cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
-  using S = Sm90Shape<D, NC>;
+  using S = Sm90Shape<D, NC, VX>;
   const int64_t tiles = sm90_tiles(p, S::kBQ);
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   // Causal tiles differ in length (1 to nk/128 key tiles): a fixed stride over the SMs leaves
@@ -635,19 +651,24 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   // pairs of CTAs sharing K and V: D=128 with three consumers (long sequences), the only shape
   // where it was measured to pay (bench/NOTES.md)
   if constexpr (D == 128 && NC == 3) {
-    if (sm90_cluster_ok(p, S::kBQ, tiles, grid) && 2 * sm90_resident_pairs<D, NC>() >= grid)
-      return attn_sm90_run<D, NC, 2>(p, stream, grid, static_cast<int>(tiles));
+    if (sm90_cluster_ok(p, S::kBQ, tiles, grid) && 2 * sm90_resident_pairs<D, NC, VX>() >= grid)
+      return attn_sm90_run<D, NC, 2, VX>(p, stream, grid, static_cast<int>(tiles));
   }
-  return attn_sm90_run<D, NC, 1>(p, stream, grid, static_cast<int>(tiles));
+  return attn_sm90_run<D, NC, 1, VX>(p, stream, grid, static_cast<int>(tiles));
+}
+
+template <int D, int VX>
+cudaError_t attn_sm90_dv(const AttnParams& p, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    return attn_sm90_launch<D, 3, VX>(p, stream);
+  } else {
+    return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3, VX>(p, stream) : attn_sm90_launch<D, 2, VX>(p, stream);
+  }
 }
 
 template <int D>
 cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
-  if constexpr (D == 64) {
-    return attn_sm90_launch<D, 3>(p, stream);
-  } else {
-    return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3>(p, stream) : attn_sm90_launch<D, 2>(p, stream);
-  }
+  return p.v_terms == 2 ? attn_sm90_dv<D, 2>(p, stream) : attn_sm90_dv<D, 1>(p, stream);
 }
 
 }  // namespace sage

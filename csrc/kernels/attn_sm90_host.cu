@@ -67,7 +67,7 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_pa
   const CUtensorMapSwizzle qk_swizzle = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const uint64_t q_rows = static_cast<uint64_t>(p.batch) * p.heads_q * p.nq_pad;
   const uint64_t kv_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * p.nk_pad;
-  const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * d;
+  const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * (p.v_terms == 2 ? 2 : 1) * d;
   const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, d, qk_swizzle) &&
                   encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, d, qk_swizzle) &&
                   encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
@@ -120,7 +120,7 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
 
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
-      p.nq_pad % 128 != 0)
+      p.nq_pad % 128 != 0 || p.v_terms < 0 || p.v_terms > 2)
     return cudaErrorInvalidValue;
   if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;
   switch (head_dim) {

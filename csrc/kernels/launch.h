@@ -70,7 +70,9 @@ struct QuantQKVParams {
   int8_t* k_out;               // [B, Hkv, nk_pad, d_pad]
   float* k_scale;              // [B, Hkv, nk_pad / 64 * k_groups]
   float* k_mean;               // [B, Hkv, D]: written, then subtracted from K; null: no smoothing
-  uint8_t* v_out;              // e4m3 [B, Hkv, d_pad, nk_pad], token-permuted as quant_v_fp8
+  uint8_t* v_out;              // e4m3 [B, Hkv, v_terms * d_pad, nk_pad], token-permuted as quant_v_fp8
+  int v_terms;                 // 1, or 2: the d_pad rows of each value's e4m3 rounding, then d_pad rows
+                               // of the rounding of what it left (hi + lo: about bf16's precision)
   float* v_scale;              // [B, Hkv, d_pad]
   float* v_mean;               // [B, Hkv, d_pad] when smoothing V, else null
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
@@ -100,6 +102,8 @@ struct AttnParams {
   const float* k_scale;        // [B, Hkv, nk_pad / 64 * k_groups]
   int q_groups, k_groups;      // 1 or 8, 1 or 4
   const float* v_scale;        // fp8: [B, Hkv, D]
+  int v_terms;                 // sm90 fp8: V^T [B, Hkv, v_terms * D, nk_pad], each value the sum of
+                               // v_terms e4m3 numbers (2: hi then lo rows; 0 or 1: one)
   const float* v_mean;         // [B, Hkv, D] (added to the output) or null
   void* o;                     // output, fp16/bf16
   DType o_dtype;

@@ -111,6 +111,13 @@ __device__ __forceinline__ uint16_t to_e4m3x2(float lo, float hi) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// Two e4m3 values (x's low byte first) back to floats: exact (e4m3 fits fp16).
+__device__ __forceinline__ float2 from_e4m3x2(uint16_t x) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(x));
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
 __device__ __forceinline__ uint32_t to_e4m3x4(float x0, float x1, float x2, float x3) {
   return static_cast<uint32_t>(to_e4m3x2(x0, x1)) | (static_cast<uint32_t>(to_e4m3x2(x2, x3)) << 16);
 }

@@ -495,10 +495,11 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
   }
   inv_g += c0;
   if (mean_g) mean_g += c0;
-  uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0t + t0;
+  uint8_t* out = p.v_out + (bh * p.v_terms * DP + c0) * p.nk_pad + n0t + t0;
+  const bool two = p.v_terms == 2;  // also the rounding of what e4m3 left, DP rows further on
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    uint32_t w[4] = {0u, 0u, 0u, 0u}, wl[4] = {0u, 0u, 0u, 0u};
     if (c0 + i < d) {
       const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
       float y[16], big = 0.f;
@@ -514,11 +515,19 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
       }
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        w[q] = static_cast<uint32_t>(to_e4m3x2(y[2 * q], y[2 * q + 1])) |
-               (static_cast<uint32_t>(to_e4m3x2(y[2 * q + 8], y[2 * q + 9])) << 16);
+      for (int q = 0; q < 4; ++q) {
+        const uint16_t a = to_e4m3x2(y[2 * q], y[2 * q + 1]), b = to_e4m3x2(y[2 * q + 8], y[2 * q + 9]);
+        w[q] = static_cast<uint32_t>(a) | (static_cast<uint32_t>(b) << 16);
+        if (two) {  // y - e4m3(y) is exact in fp32
+          const float2 ra = from_e4m3x2(a), rb = from_e4m3x2(b);
+          wl[q] = static_cast<uint32_t>(to_e4m3x2(__fsub_rn(y[2 * q], ra.x), __fsub_rn(y[2 * q + 1], ra.y))) |
+                  (static_cast<uint32_t>(to_e4m3x2(__fsub_rn(y[2 * q + 8], rb.x), __fsub_rn(y[2 * q + 9], rb.y))) << 16);
+        }
+      }
     }
     *reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * p.nk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
+    if (two)
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(DP + i) * p.nk_pad) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
   }
 }
 
@@ -695,7 +704,8 @@ bool valid(const QuantQKVParams& p) {
   const bool pads = (p.d_pad == 64 || p.d_pad == 128 || p.d_pad == 256) && p.d_pad >= p.q.d &&
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&
                     p.nk_pad >= p.k.n;
-  const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4);
+  const bool groups = (p.q_groups == 1 || p.q_groups == 8) && (p.k_groups == 1 || p.k_groups == 4) &&
+                     (p.v_terms == 1 || p.v_terms == 2);
   // v_over: exactly when V's scale is sampled and not decided by the statistics over all keys
   return shapes && pads && groups && (!p.q_rowdot || p.k_mean) && ((p.v_mean || p.v_full) == (p.v_over == nullptr));
 }

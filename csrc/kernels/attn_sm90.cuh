@@ -29,6 +29,9 @@
 // At D=128 with three consumers, non-causal, CTAs may run in clusters of two that share each
 // K and V tile: every producer loads half of it and multicasts it to both (CL = 2 below).
 //
+// With VX = 2 (v_fp8_terms=2) V^T comes as two e4m3 terms per value and the PV product runs
+// over both into one accumulator (Sm90Shape's comment).
+//
 // Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and
 // quant_v_fp8 (V^T with tokens permuted inside 16-token groups so that the accumulator
 // layout of S is directly the A-fragment layout of P; see quant_fp8.cu).

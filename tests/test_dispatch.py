@@ -127,9 +127,10 @@ def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
     seen = {}
 
     def fake(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
-             smooth_k, smooth_v, return_lse):
+             smooth_k, smooth_v, return_lse, v_fp8_terms):
         seen.update(fn=fn, module=module, layout=tensor_layout, dims=dims, is_causal=is_causal, scale=scale,
-                    gran=qk_quant_gran, pv=pv_accum_dtype, smooth=(smooth_k, smooth_v), lse=return_lse)
+                    gran=qk_quant_gran, pv=pv_accum_dtype, smooth=(smooth_k, smooth_v), lse=return_lse,
+                    v_terms=v_fp8_terms)
         return "ran"
 
     from sageattention import core
@@ -140,7 +141,7 @@ def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
     assert sa.sageattn(q, k, k, is_causal=True, scale=0.5) == "ran"
     assert seen == dict(fn="sageattn", module=BACKENDS["cuda_fp8"].extension, layout="HND",
                         dims=(1, 2, 1, 4, 6, 8), is_causal=True, scale=0.5, gran="per_thread", pv="fp32+fp16",
-                        smooth=(True, False), lse=False)
+                        smooth=(True, False), lse=False, v_terms=1)
     # a choice without options (as tests force one) runs the function's own defaults
     _fake_gpu(monkeypatch, (8, 9), {"cuda_fp16", "triton"})
     monkeypatch.setitem(dispatch.PREFERENCE, (8, 9), (dispatch.Choice("cuda_fp16"),))

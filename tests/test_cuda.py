@@ -123,6 +123,23 @@ def _sm90_d128_variants(fn):
     return {int(m.group(1)) for n in names for m in [re.search(r"attn_sm90_kernel<128, 3, \w+, (\d), \d>", n)] if m}
 
 
+def _single_and_paired(call, monkeypatch):
+    """`call` with pairs of CTAs off and on (SAGEATTN_SM90_CLUSTER=0 / 1): the D=128
+    three-consumer kernel of each kind must be the one that runs (pairs: on a 132-SM H100, whose
+    GPCs pair up), and outputs and LSE must be the same bits. Returns the paired run."""
+    runs, used = {}, {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", mode)
+        runs[mode] = call()
+        used[mode] = _sm90_d128_variants(call)
+    assert used["0"] == {1}, f"SAGEATTN_SM90_CLUSTER=0 launched {used['0']}"
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert used["1"] == {2}, f"the paired kernel did not run on a 132-SM H100: {used['1']}"
+    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between single and paired CTAs"
+    assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between single and paired CTAs"
+    return runs["1"]
+
+
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_sm90_cluster_pairs_agree(dtype, layout, monkeypatch):
@@ -134,22 +151,12 @@ def test_sm90_cluster_pairs_agree(dtype, layout, monkeypatch):
     of 192 rows per head; 3000 keys) and many rounds over the SMs (2640 tiles)."""
     fn, ext = _need(SM90)
     q, k, v = make_qkv(3, 40, 8, 4100, 3000, 128, dtype, layout, "cuda", k_bias=1.0, seed=7)
-    call = lambda: fn(q, k, v, tensor_layout=layout, return_lse=True)
-    runs, used = {}, {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", mode)
-        runs[mode] = call()
-        used[mode] = _sm90_d128_variants(call)
-    assert used["0"] == {1}, f"SAGEATTN_SM90_CLUSTER=0 launched {used['0']}"
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # the H100 SXM: its GPCs pair up
-        assert used["1"] == {2}, f"the paired kernel did not run on a 132-SM H100: {used['1']}"
-    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between single and paired CTAs"
-    assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between single and paired CTAs"
+    o, lse = _single_and_paired(lambda: fn(q, k, v, tensor_layout=layout, return_lse=True), monkeypatch)
     opts = cuda_defaults(SM90)
     cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], dtype, head_dim=128)
     ro, rl = attention_quantized(q, k, v, layout, False, None, True, cfg)
-    assert_close_to_reference(runs["1"][0], ro, dtype, f"sm90 pairs {layout}", fp8=True)
-    assert_lse_close_to_reference(runs["1"][1], rl)
+    assert_close_to_reference(o, ro, dtype, f"sm90 pairs {layout}", fp8=True)
+    assert_lse_close_to_reference(lse, rl)
 
 
 V_TERMS_CASES = [(64, 1000, 1000, False, "HND"), (64, 1000, 1000, True, "NHD"), (128, 1000, 777, False, "NHD"),
@@ -184,16 +191,7 @@ def test_sm90_v_two_terms_cluster_pairs_agree(layout, monkeypatch):
     CTA per SM, on test_sm90_cluster_pairs_agree's shape."""
     fn, _ = _need(SM90)
     q, k, v = make_qkv(3, 40, 8, 4100, 3000, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=8)
-    call = lambda: fn(q, k, v, tensor_layout=layout, return_lse=True, v_fp8_terms=2)
-    runs, used = {}, {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", mode)
-        runs[mode] = call()
-        used[mode] = _sm90_d128_variants(call)
-    assert used["0"] == {1}, f"SAGEATTN_SM90_CLUSTER=0 launched {used['0']}"
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        assert used["1"] == {2}, f"the paired kernel did not run on a 132-SM H100: {used['1']}"
-    assert torch.equal(runs["0"][0], runs["1"][0]) and torch.equal(runs["0"][1], runs["1"][1])
+    _single_and_paired(lambda: fn(q, k, v, tensor_layout=layout, return_lse=True, v_fp8_terms=2), monkeypatch)
 
 
 def test_sm90_v_two_terms_meet_the_accuracy_bar():

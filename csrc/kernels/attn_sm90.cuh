@@ -299,33 +299,6 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
     const int my_turn = 1 + cw, other_turn = NC == 2 ? 2 - cw : (cw + 1 == NC ? 1 : cw + 2);
     if (cw == NC - 1) named_bar_arrive<256>(1);
 
-    // This warp's Q scale and the K scales of a work tile (key tile 0's two 64-key halves at
-    // [0] and [k_groups]) start at q_scale_at(...) and k_scale_at(...).
-    auto q_scale_at = [&](int64_t bh2, int row0) {
-      // (192-row tiles: the rows of the last tile past nq_pad are computed and dropped; their
-      // Q scale is read from the head's last block so that the load stays inside the buffer)
-      const int qwb = NC == 2 ? row0 / kAttnWarpQ : min(row0 / kAttnWarpQ, nwb - 1);
-      return p.q_scale + (bh2 * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0);
-    };
-    auto k_scale_at = [&](int64_t bhk2) {
-      return p.k_scale + bhk2 * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
-    };
-    // With the fixed stride the next work tile is known, so its Q scale and first K scales are
-    // loaded a whole tile ahead: at the tile's start their L2 latency sat on the path to its
-    // first softmax (measured: these loads and the V scales' cost 4-5 % of the kernel at 1k,
-    // bench/NOTES.md). With the tile counter they are loaded at the tile's start, and so they
-    // are with three consumers (long sequences: nothing to gain there, and three more live
-    // registers add spills at 160 registers).
-    const bool ahead = NC == 2 && chan == nullptr;
-    float nx_q = 0.f, nx_k0 = 0.f, nx_k1 = 0.f;
-    auto load_ahead = [&](int w2) {
-      const Sm90Tile t2 = sm90_tile<S::kBQ>(p, w2);
-      const float* kp = k_scale_at(static_cast<int64_t>(t2.b) * p.heads_kv + t2.h / hpk);
-      nx_q = *q_scale_at(static_cast<int64_t>(t2.b) * p.heads_q + t2.h, t2.q0 + cw * 64 + warp * 16);
-      nx_k0 = kp[0], nx_k1 = kp[k_groups];
-    };
-    if (ahead && static_cast<int>(blockIdx.x) < tiles) load_ahead(blockIdx.x);
-
     int c = 0;  // K/V tiles consumed so far (the producer's counter)
     for (int it = 0;; ++it) {
       const int qb = it % S::kQBufs;
@@ -346,8 +319,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
       const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
       const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
-      const float qsc = ahead ? nx_q : *q_scale_at(bh, row_w);
-      const float* ksp = k_scale_at(bhk);
+      // (192-row tiles: the rows of the last tile past nq_pad are computed and dropped; their
+      // Q scale is read from the head's last block so that the load stays inside the buffer)
+      const int qwb = NC == 2 ? row_w / kAttnWarpQ : min(row_w / kAttnWarpQ, nwb - 1);
+      const float qsc = p.q_scale[(bh * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0)];
+      const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
 
       float o[D / 2];
@@ -416,8 +392,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
       // latency is not on the path from S to the softmax
-      float kn0 = ahead ? nx_k0 : ksp[0], kn1 = ahead ? nx_k1 : ksp[k_groups];
-      if (ahead && w + static_cast<int>(gridDim.x) < tiles) load_ahead(w + static_cast<int>(gridDim.x));
+      float kn0 = ksp[0], kn1 = ksp[k_groups];
       const float* ksn = ksp + 2 * k_groups;  // the scales of the next key tile
       mbar_wait(&full_k[st], ph);
       // Unrolled by two: ptxas schedules two tiles' softmax and turns together better (measured

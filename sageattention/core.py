@@ -131,7 +131,7 @@ def sageattn(
     opts = {**_CUDA_DEFAULTS[backend], **dict(options)}
     return _cuda_run(fn, dispatch.BACKENDS[backend].extension, q, k, v, tensor_layout, dims, is_causal, scale,
                      opts["qk_quant_gran"], opts["pv_accum_dtype"], opts["smooth_k"], opts.get("smooth_v", False),
-                     return_lse, opts.get("v_fp8_terms", 1))
+                     return_lse, 1)  # V as one e4m3 term: v_fp8_terms is the sm90 function's opt-in
 
 
 def sageattn_qk_int8_pv_fp16_triton(
@@ -166,7 +166,10 @@ def sageattn_qk_int8_pv_fp16_triton(
 
 def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
                 pv_accum_dtype, pv_choices, smooth_k, smooth_v, return_lse, kwargs, smooth_v_modes, v_fp8_terms=1):
-    """Validation shared by the CUDA kernel functions, then the compiled pipeline (_cuda.py)."""
+    """Validation shared by the CUDA kernel functions, then the compiled pipeline (_cuda.py).
+    ``v_fp8_terms`` is the sm90 function's keyword (the others pass 1)."""
+    if type(v_fp8_terms) is not int or v_fp8_terms not in (1, 2):
+        raise ValueError(f"{fn}: v_fp8_terms must be 1 or 2, got {v_fp8_terms!r}")
     C.check_choice(fn, "qk_quant_gran", qk_quant_gran, _GRANS)
     if pv_accum_dtype == "fp16" and "fp16" not in pv_choices:
         raise ValueError(
@@ -261,10 +264,7 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(
     (its rounding, then the rounding of the remainder) and runs the PV product on both: V to
     about bf16's precision, for more accuracy at some speed (README). Head dims up to 128.
     """
-    fn = "sageattn_qk_int8_pv_fp8_cuda_sm90"
-    if type(v_fp8_terms) is not int or v_fp8_terms not in (1, 2):
-        raise ValueError(f"{fn}: v_fp8_terms must be 1 or 2, got {v_fp8_terms!r}")
-    return _cuda_entry(fn, dispatch.BACKENDS["cuda_sm90"].extension,
+    return _cuda_entry("sageattn_qk_int8_pv_fp8_cuda_sm90", dispatch.BACKENDS["cuda_sm90"].extension,
                        q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype,
                        _PV_SM90, smooth_k, False, return_lse, kwargs, (), v_fp8_terms)
 

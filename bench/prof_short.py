@@ -80,7 +80,7 @@ def kernel_us(fn, reps: int = 20) -> dict:
     for e in prof.key_averages():
         total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if total and e.count:
-            name = next((k for k in ("qkv_kernel", "fill") if k in e.key), e.key[:40])
+            name = next((k for k in ("qkv_stats", "qkv_quant", "qkv_vfix") if k in e.key), e.key[:40])
             out[name] = total / e.count
     return out
 

@@ -112,11 +112,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
   Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
   // v_inv, then (a sampled V scale, checked by the quantization) the overflow flags, as many
-  // 32-bit words
+  // 32-bit words, and one more
   const bool flags = !smooth_v && !v_full_stats;
-  Tensor v_work = at::empty({B * Hkv * d_pad * (flags ? 2 : 1)}, f32);
-  // the kernel's counters (tickets, V done, overflow, statistics per kv head): zero at the start
-  Tensor sync = at::zeros({3 + B * Hkv}, q.options().dtype(at::kInt));
+  Tensor v_work = at::empty({B * Hkv * d_pad * (flags ? 2 : 1) + (flags ? 1 : 0)}, f32);
   p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;
@@ -132,7 +130,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   p.v_inv = v_work.data_ptr<float>();
   p.v_full = v_full_stats;
   p.v_over = flags ? reinterpret_cast<uint32_t*>(p.v_inv + B * Hkv * d_pad) : nullptr;
-  p.sync = sync.data_ptr<int>();
   check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
   return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
 }

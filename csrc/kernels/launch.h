@@ -78,9 +78,8 @@ struct QuantQKVParams {
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
   bool v_full;                 // not smoothing V: the statistics read all of V and decide V's
                                // fallback themselves (same results; for a V that fits in L2)
-  uint32_t* v_over;            // [B * Hkv * d_pad] workspace: channels whose sampled scale a value
-                               // overflowed (null when smoothing V or v_full)
-  int* sync;                   // [3 + B * Hkv] zeroed by the caller: the one grid's counters
+  uint32_t* v_over;            // [B * Hkv * d_pad + 1] workspace: channels whose sampled scale a
+                               // value overflowed, then whether any did (null when smoothing V or v_full)
 };
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif

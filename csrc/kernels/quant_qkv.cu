@@ -1,36 +1,34 @@
-// Q, K and V quantized for the fp8 attention kernels in one launch (qkv_kernel), instead of a
-// torch K mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V. The
-// grid's CTAs (256 threads) take tickets from a counter and do (statistics placed after the
-// first half of Q, so that Q's streaming covers them):
+// Q, K and V quantized for the fp8 attention kernels in two launches (three for a V that
+// takes its scale from the key sample and more than half of L2), instead of a torch K mean,
+// quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
-//   1. statistics, one CTA per (batch, kv head, 32 channels): the K sum over the sample's rows
-//      (-> K mean) and V's scale: from the sample's largest |v| times kVAmaxMargin, or, when V
-//      is smoothed, from V's sum, max and min over all keys (-> V scale, inverse scale and
-//      mean; quant_fp8.cu's pass-1 thread layout and summation order, so those statistics are
-//      bit-identical to quant_v_fp8's). With v_full (the caller's choice when V fits in L2: the
-//      quantization then reads it from there) it also reads all of V unsmoothed and decides
-//      the fallback of step 5 itself. Each CTA then counts itself done for its head.
-//   2. Q: one warp per 16-row scale block. Every warp loads its rows into registers once,
-//      reduces the maxima with shuffles, quantizes and writes 16-byte stores (quant_int8.cu's
-//      arithmetic). Q needs no statistics unless q . (K mean) is asked for, so these CTAs
-//      stream while the statistics finish.
-//   3. V: one warp per 64 tokens x 32 channels, once its head's statistics are all done
-//      (quant_fp8.cu's arithmetic). A tile that finds a value the sampled scale would push past
-//      v_scale_max flags its channel (it is still written, saturated).
-//   4. K: one 64-row scale block per half CTA, once its head's statistics are done.
-//   5. Only for a sampled V scale without v_full, 16 CTAs that wait for every V CTA: nothing
-//      unless a channel was flagged; then each flagged channel gets the exact scale (its
-//      largest |v| over all keys, as quant_v_fp8) and its 32-channel group of V is written
-//      again. Real V stays well inside 8x its sample's maximum, so this works for adversarial
-//      inputs only, and no value is ever clipped.
+//   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): the K sum over the
+//      sample's rows (-> K mean) and V's scale: from the sample's largest |v| times
+//      kVAmaxMargin, or, when V is smoothed, from V's sum, max and min over all keys (-> V
+//      scale, inverse scale and mean; quant_fp8.cu's pass-1 thread layout and summation
+//      order, so those statistics are bit-identical to quant_v_fp8's). With v_full (the
+//      caller's choice when V fits in L2: the quantization then reads it from there) it also
+//      reads all of V unsmoothed and decides the fallback of step 3 itself: same results,
+//      no third launch.
+//   2. qkv_quant_kernel, a 1-D grid in three ranges: Q blocks (one warp per 16-row scale
+//      block), V tiles (one warp per 64 tokens x 32 channels) and K blocks (one CTA per 64-row
+//      scale block). Every warp loads its rows into registers once, reduces the
+//      maxima with shuffles, quantizes and writes 16-byte stores; the arithmetic per element
+//      is quant_int8.cu's and quant_fp8.cu's. On Hopper (programmatic dependent launch) the Q
+//      blocks, which need no statistics unless q . (K mean) is asked for, run while the
+//      statistics kernel still does; V and K wait for it. A V tile that finds a value the
+//      sampled scale would push past v_scale_max flags its channel (it is still written,
+//      saturated).
+//   3. qkv_vfix_kernel, only for a sampled V scale without v_full, 16 CTAs: nothing unless a
+//      channel was flagged (one word says whether any was); then each flagged channel gets
+//      the exact scale (its largest |v| over all keys, as quant_v_fp8) and its 32-channel
+//      group of V is written again. Real V stays well inside 8x its sample's maximum, so
+//      this works for adversarial inputs only, and no value is ever clipped. Even empty, the
+//      launch costs 2.5-6 us per call (bench/results/...-20eaf00-v-sample.md), hence v_full.
 //
-// A CTA waits only for CTAs with smaller tickets, which are running or done: no deadlock,
-// whatever order the hardware starts CTAs in. (Before, steps 1, 2-4 and 5 were three launches
-// chained by programmatic dependent launch; one grid saves the statistics' exposed time and two
-// launches: bench/NOTES.md. A one-grid variant that held each K/V chunk in shared memory while
-// its head's statistics were combined across CTAs was slower at every length once K's mean
-// came from a sample.)
-
+// (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
+// were combined across CTAs was slower at every length once K's mean came from a sample;
+// bench/NOTES.md.)
 #include <cstring>
 #include <type_traits>
 
@@ -54,53 +52,17 @@ static_assert(kKSampleRows % kStatChains == 0, "each token chain adds the same n
 // |v| times this margin (a power of two, so the product is exact). Values up to 8x the
 // sample's maximum fit; the scale's only cost is e4m3's subnormal range starting 8x higher
 // (bench/NOTES.md). A channel with a larger value anywhere falls back to the exact maximum
-// (step 5 above).
+// (qkv_vfix_kernel).
 constexpr float kVAmaxMargin = 8.f;
 
-// ---- quantization units (one grid of kStatThreads-thread CTAs runs everything) ----
-constexpr int kCtaWarps = kStatThreads / 32;  // Q and V units per CTA (one per warp)
-constexpr int kWarps = 4;                     // warps per K scale block: half a CTA
+// ---- quantization kernel ----
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
 constexpr int kWarpRows = 16;        // rows one warp quantizes: a Q scale block, a quarter K block
 constexpr int kVTokens = 64;         // V tile of one warp: 64 tokens x 32 channels
 constexpr int kVChannels = 32;
 static_assert(kAttnWarpQ == kWarpRows && kAttnBlockK == kWarps * kWarpRows,
               "Q scale blocks are one warp's rows, K scale blocks one CTA's");
-
-// p.sync (ints, zeroed by the caller): the ticket counter, V CTAs done, whether any V value
-// overflowed its sampled scale, then per kv head its statistics CTAs done.
-constexpr int kSyncTicket = 0, kSyncVDone = 1, kSyncOver = 2, kSyncStats = 3;
-#ifndef SAGE_QKV_TICKET
-#define SAGE_QKV_TICKET 0  // experiment switch: CTAs take their place from a counter, not blockIdx
-#endif
-// CTAs of the V scale fallback: each leaves at once when nothing overflowed (as a separate
-// launch, 1, 16 and 512 CTAs were measured and 16 was the cheapest: ...-20eaf00-v-sample.md §4).
-constexpr int kFixCtas = 16;
-
-// ld.acquire at GPU scope: what the releasing CTA wrote before its count is visible after.
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void wait_count(const int* c, int target) {
-  while (load_acquire(c) < target) __nanosleep(64);
-}
-// Lane 0 waits until *ready reaches target (null: nothing to wait for); the warp then goes on.
-// Called after a unit's loads of its input are issued, so the wait overlaps them.
-__device__ __forceinline__ void warp_wait(const int* ready, int target) {
-  if (ready) {
-    if ((threadIdx.x & 31) == 0) wait_count(ready, target);
-    __syncwarp();
-  }
-}
-
-// kv head bh's count of statistics CTAs done (it reaches d_pad / kStatChannels)
-__device__ __forceinline__ const int* stats_ready(const QuantQKVParams& p, int64_t bh) { return p.sync + kSyncStats + bh; }
-
-// The barrier of this thread's half of the CTA (128 threads: one K scale block).
-__device__ __forceinline__ void half_cta_sync() {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + static_cast<int>(threadIdx.x >> 7)) : "memory");
-}
 
 __device__ __forceinline__ uint16_t bits_of(__half x) { return __half_as_ushort(x); }
 __device__ __forceinline__ uint16_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
@@ -242,11 +204,11 @@ __device__ __forceinline__ void v_chain_all(const T* v, int64_t stride_n, int n,
   }
 }
 
-// The statistics of channels c0 .. c0 + 31 of kv head (b, h), by the whole CTA; then the head's
-// count in p.sync goes up by one (released: the units that wait for it read what this wrote).
 template <typename T>
-__device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int c0, int h, int b,
-                                           float (&red)[5][kStatThreads / 32][kStatChannels]) {
+__global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
+  __shared__ float red[5][kStatThreads / 32][kStatChannels];  // V sum, max, min, K sum, sample max |v|
+  pdl_launch_dependents();  // the quantization grid may be scheduled (it waits for this one)
+  const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg) of the token chain r per thread
   const int n = p.v.n, d = p.v.d, col0 = c0 + cg * 8;
@@ -308,12 +270,11 @@ __device__ __forceinline__ void stats_unit(const QuantQKVParams& p, int c0, int 
     v_scale_out(p, bh, c, v_sampled_amax(p, has ? tsa : 0.f, has ? fmaxf(tmx, -tmn) : 0.f), 0.f);
   } else {
     v_scale_out(p, bh, c, v_sampled_amax(p, has ? tsa : 0.f), 0.f);
-    p.v_over[bh * p.d_pad + c] = 0u;  // set by the quantization on overflow
+    // set by the quantization on overflow: the channel's flag, and one for all
+    p.v_over[bh * p.d_pad + c] = 0u;
+    if (bh == 0 && c == 0) p.v_over[static_cast<int64_t>(p.v.batch) * p.v.heads * p.d_pad] = 0u;
   }
   if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = srows > 0 ? __fdiv_rn(tk, static_cast<float>(srows)) : 0.f;
-  __threadfence();
-  __syncwarp();
-  if (tid == 0) atomicAdd(p.sync + kSyncStats + bh, 1);
 }
 
 // ============================== 2. quantization ==============================
@@ -342,8 +303,6 @@ struct RowJob {
   float* rowdot;
   int8_t* out;            // the head's [n_pad, DP] output
   float* scale;           // the scale block's G scales
-  const int* ready;       // wait for this count (the head's statistics) after the loads; or null
-  int ready_target;
 };
 
 // The rows of head (b, h) of a [B, H, N, D] input.
@@ -353,13 +312,11 @@ __device__ __forceinline__ RowJob rows_of(const Input4D& in, int b, int h) {
   j.x = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h;
   j.stride_n = in.stride_n, j.n = in.n, j.d = in.d;
   j.vec = vec_ok<T>(in.data, in.stride_b, in.stride_h, in.stride_n, in.d);
-  j.ready = nullptr, j.ready_target = 0;
   return j;
 }
 
-// `red` (shared, [kWarps][4]): the four warps of one half of the CTA share one scale block (K)
-// and synchronize on that half's barrier; null: the warp's own block (Q). All four warps of the
-// half call it in the first case.
+// `red` (shared, [kWarps][4]): the CTA's four warps share one scale block (K) and synchronize
+// on __syncthreads; null: the warp's own block (Q). All four warps call it in the first case.
 template <typename T, int DP, int G>
 __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   using S = RowShape<DP>;
@@ -379,10 +336,9 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
       raw[it][1] = load_bits8(src, col0 + 8, j.d, j.vec);
     }
   }
-  warp_wait(j.ready, j.ready_target);  // the mean and q . mean come from the statistics
   float mu[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) mu[i] = (j.mean && col0 + i < j.d) ? __ldcg(j.mean + col0 + i) : 0.f;
+  for (int i = 0; i < 16; ++i) mu[i] = (j.mean && col0 + i < j.d) ? j.mean[col0 + i] : 0.f;
   auto value = [&](int it, int i) {
     float y = elem<T>(raw[it][i / 8], i % 8);
     if (scaled) y = __fmul_rn(y, j.prescale);
@@ -394,7 +350,7 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   if (j.dot_mean) {
     float dm[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) dm[i] = col0 + i < j.d ? __ldcg(j.dot_mean + col0 + i) : 0.f;
+    for (int i = 0; i < 16; ++i) dm[i] = col0 + i < j.d ? j.dot_mean[col0 + i] : 0.f;
 #pragma unroll
     for (int it = 0; it < S::kIters; ++it) {
       float dot = 0.f;
@@ -467,7 +423,7 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s)
       if (writer(s)) red[warp][group(s)] = am[s];
-    half_cta_sync();
+    __syncthreads();
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s) {
       float a = red[0][group(s)];
@@ -515,7 +471,6 @@ __device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, con
   j.mean = mean;
   j.dot_mean = nullptr, j.rowdot = nullptr;
   j.out = p.k_out + bh * p.nk_pad * DP;
-  j.ready = mean ? stats_ready(p, bh) : nullptr, j.ready_target = DP / kStatChannels;
   return j;
 }
 
@@ -529,8 +484,7 @@ __device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, con
 template <typename T, int DP>
 __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* rows, int64_t stride_n, bool vec,
                                              int n_left, int64_t bh, int n0t, int c0t, const float* inv_g,
-                                             const float* mean_g, bool check, const int* ready = nullptr,
-                                             int ready_target = 0) {
+                                             const float* mean_g, bool check) {
   const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
   const int d = p.v.d, t0 = tg * 16, c0 = c0t + cgrp * 4;
   uint2 raw[16];
@@ -539,7 +493,6 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
     raw[t] = make_uint2(0u, 0u);
     if (t0 + t < n_left && c0 < d) raw[t] = load_bits4(rows + (t0 + t) * stride_n, c0, d, vec);
   }
-  warp_wait(ready, ready_target);  // the scales (and mean) come from the statistics
   inv_g += c0;
   if (mean_g) mean_g += c0;
   uint8_t* out = p.v_out + (bh * p.v_terms * DP + c0) * p.nk_pad + n0t + t0;
@@ -548,7 +501,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
   for (int i = 0; i < 4; ++i) {
     uint32_t w[4] = {0u, 0u, 0u, 0u}, wl[4] = {0u, 0u, 0u, 0u};
     if (c0 + i < d) {
-      const float inv = __ldcg(inv_g + i), mu = mean_g ? __ldcg(mean_g + i) : 0.f;
+      const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
       float y[16], big = 0.f;
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
@@ -556,9 +509,9 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
         y[t] = t0 + t < n_left ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
         big = fmaxf(big, fabsf(y[t]));
       }
-      if (check && big > p.v_scale_max) {  // rare: vfix_units
+      if (check && big > p.v_scale_max) {  // rare: qkv_vfix_kernel
         atomicOr(p.v_over + bh * DP + c0 + i, 1u);
-        atomicOr(p.sync + kSyncOver, 1);
+        atomicOr(p.v_over + static_cast<int64_t>(p.v.batch) * p.v.heads * DP, 1u);
       }
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
@@ -594,8 +547,7 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, p.v.d);
   const int n0t = tn * kVTokens;
   quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, p.v.n - n0t, bh, n0t, tc * kVChannels,
-                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_over != nullptr,
-                      stats_ready(p, bh), DP / kStatChannels);
+                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_over != nullptr);
 }
 
 // Q scale block `unit` (16 rows of one head) for one warp.
@@ -615,29 +567,76 @@ __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t un
   j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
   j.out = p.q_out + bh * p.nq_pad * DP;
   j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
-  j.ready = p.q_rowdot ? stats_ready(p, static_cast<int64_t>(b) * p.k.heads + hkv) : nullptr;
-  j.ready_target = DP / kStatChannels;
   quant_rows_g<T, DP, 8>(j, p.q_groups, nullptr);
+}
+
+// Blocks [0, q_ctas): Q; [q_ctas, q_ctas + v_ctas): V; the rest: K. Q first: unless its rows'
+// q . (K mean) is asked for, it does not wait for the statistics (with programmatic dependent
+// launch its blocks run beside the statistics kernel, which is bound by latency, not by
+// bandwidth). Then V: the statistics kernel has just read all of it, and on short sequences
+// it may still be in L2.
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int q_ctas, int v_ctas) {
+  __shared__ float red[kWarps][4];
+  const int warp = threadIdx.x >> 5;
+  int64_t blk = blockIdx.x;
+  if (blk < q_ctas) {
+    if (p.q_rowdot) pdl_wait();  // q . (K mean) needs the statistics
+    pdl_launch_dependents();     // the attention kernel may be scheduled (it waits for this grid)
+    quant_q_unit<T, DP>(p, blk * kWarps + warp);  // one 16-row scale block per warp
+    return;
+  }
+  pdl_wait();                // the statistics are complete
+  pdl_launch_dependents();
+  blk -= q_ctas;
+  if (blk < v_ctas) {
+    const int64_t unit = blk * kWarps + warp;
+    const int64_t units = static_cast<int64_t>(p.v.batch) * p.v.heads * (p.nk_pad / kVTokens) * (DP / kVChannels);
+    if (unit < units) quant_v_unit<T, DP>(p, unit);
+    return;
+  }
+  blk -= v_ctas;
+  // K: one 64-row scale block per CTA, the last row blocks of every head first (as V)
+  const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
+  const int nblk = p.nk_pad / kAttnBlockK;
+  const int64_t bh = blk % bhs;
+  const int rb = nblk - 1 - static_cast<int>(blk / bhs);
+  const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
+  const RowJob src = rows_of<T>(p.k, b, h);
+  RowJob j = k_job<DP>(p, bh, p.k_mean ? p.k_mean + bh * p.k.d : nullptr);
+  j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
+  j.row0 = rb * kAttnBlockK + warp * kWarpRows;
+  j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
+  quant_rows_g<T, DP, 4>(j, p.k_groups, red);
 }
 
 // ============================== 3. V scale fallback ==============================
 
+// A few CTAs: each leaves at once when nothing overflowed; 1, 16 and 512 were measured, 16
+// (with the early trigger below) was the cheapest (...-20eaf00-v-sample.md section 4).
+constexpr int kFixCtas = 16;
+
 // For each group of 32 channels of a kv head with a flagged channel: the flagged ones get the
 // exact scale (their largest |v| over all keys) and the CTA quantizes the group's 32
-// channels of every token again (unflagged channels: the same bytes). `first`, `step`: the
-// groups this CTA takes. Runs once every V unit is done (the caller waits).
+// channels of every token again (unflagged channels: the same bytes). Groups in turn over
+// the grid; usually the one word says no channel was flagged and the CTAs leave at once.
 template <typename T, int DP>
-__device__ __forceinline__ void vfix_units(const QuantQKVParams& p, int first, int step,
-                                           float (&red)[5][kStatThreads / 32][kStatChannels]) {
+__global__ void __launch_bounds__(kStatThreads) qkv_vfix_kernel(const QuantQKVParams p) {
+  __shared__ float red[2][kStatThreads / 32][kStatChannels];  // V max, V min
+  // The attention grid may be scheduled now: it waits for this grid to complete, which
+  // follows the quantization grid's completion (pdl_wait below).
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
+  if (p.v_over[bhs * DP] == 0u) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cg = tid & 3, r = tid >> 2, n = p.v.n, d = p.v.d;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
-  for (int64_t unit = first; unit < bhs * (DP / kStatChannels); unit += step) {
+  for (int64_t unit = blockIdx.x; unit < bhs * (DP / kStatChannels); unit += gridDim.x) {
     const int64_t bh = unit / (DP / kStatChannels);
     const int c0 = static_cast<int>(unit % (DP / kStatChannels)) * kStatChannels;
-    const bool flagged = __ldcg(p.v_over + bh * DP + c0 + lane) != 0u;  // channel c0 + lane
-    if (!__any_sync(0xffffffffu, flagged)) continue;                    // every warp decides alike
+    const bool flagged = p.v_over[bh * DP + c0 + lane] != 0u;  // channel c0 + lane
+    if (!__any_sync(0xffffffffu, flagged)) continue;           // every warp decides alike
     const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
     const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
     float s[8], mx[8], mn[8];
@@ -659,104 +658,34 @@ __device__ __forceinline__ void vfix_units(const QuantQKVParams& p, int first, i
   }
 }
 
-// ============================== the one grid ==============================
-
-// The grid's CTAs in the order they take tickets (p.sync[kSyncTicket]): half of Q, the
-// statistics (beside the other half of Q: they are few and bound by latency, Q by bandwidth),
-// the rest of Q, V, K, then (with a sampled V scale) the fallback. A CTA waits only for CTAs
-// with smaller tickets, which are running or done, so the grid cannot deadlock whatever order
-// the hardware starts CTAs in.
-struct QkvGrid {
-  int stats, q, v, k, fix;  // CTAs of each kind
-};
-
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(kStatThreads, DP == 256 ? 2 : 3) qkv_kernel(const QuantQKVParams p, const QkvGrid g) {
-  __shared__ float red[5][kStatThreads / 32][kStatChannels];  // statistics; K and the fallback reuse it
-  // the attention kernel (launch_pdl) may be scheduled once every CTA here has started; it
-  // waits for this grid to complete
-  pdl_launch_dependents();
-#if SAGE_QKV_TICKET
-  __shared__ int ticket_s;
-  if (threadIdx.x == 0) ticket_s = atomicAdd(p.sync + kSyncTicket, 1);
-  __syncthreads();
-  int w = ticket_s;
-#else
-  int w = blockIdx.x;
-#endif
-  const int warp = threadIdx.x >> 5;
-  // tickets: the first half of Q, the statistics, the rest of Q, V, K, the fallback (when Q
-  // needs q . (K mean), the statistics first: a CTA waits only for smaller tickets)
-  const int q1 = p.q_rowdot ? 0 : g.q / 2;
-  if (w >= q1 && w < q1 + g.stats) {
-    const int per_head = DP / kStatChannels, s = w - q1;
-    stats_unit<T>(p, (s % per_head) * kStatChannels, (s / per_head) % p.v.heads, s / per_head / p.v.heads, red);
-    return;
-  }
-  if (w >= q1) w -= g.stats;
-  if (w < g.q) {  // one 16-row scale block per warp
-    quant_q_unit<T, DP>(p, static_cast<int64_t>(w) * kCtaWarps + warp);
-    return;
-  }
-  w -= g.q;
-  if (w < g.v) {  // one 64-token x 32-channel tile per warp
-    const int64_t unit = static_cast<int64_t>(w) * kCtaWarps + warp;
-    const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
-    const int64_t units = bhs * (p.nk_pad / kVTokens) * (DP / kVChannels);
-    if (unit < units) quant_v_unit<T, DP>(p, unit);
-    if (p.v_over) {  // this CTA's tiles and flags are written: count it for the fallback
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();  // cumulative: the CTA's writes, ordered before it by the barrier
-        atomicAdd(p.sync + kSyncVDone, 1);
-      }
-    }
-    return;
-  }
-  w -= g.v;
-  if (w < g.k) {
-    // K: one 64-row scale block per half CTA (four warps), the last row blocks of every head first
-    const int half = warp / kWarps;
-    const int64_t kb = static_cast<int64_t>(w) * 2 + half;
-    const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
-    const int nblk = p.nk_pad / kAttnBlockK;
-    if (kb >= bhs * nblk) return;  // the whole half: its barrier is its own
-    const int64_t bh = kb % bhs;
-    const int rb = nblk - 1 - static_cast<int>(kb / bhs);
-    const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
-    const RowJob src = rows_of<T>(p.k, b, h);
-    RowJob j = k_job<DP>(p, bh, p.k_mean ? p.k_mean + bh * p.k.d : nullptr);
-    j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
-    j.row0 = rb * kAttnBlockK + (warp % kWarps) * kWarpRows;
-    j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
-    quant_rows_g<T, DP, 4>(j, p.k_groups, reinterpret_cast<float(*)[4]>(&red[0][0][0]) + half * kWarps);
-    return;
-  }
-  w -= g.k;
-  // the fallback: once every V CTA is done, nothing unless a channel was flagged
-  if (threadIdx.x == 0) wait_count(p.sync + kSyncVDone, g.v);
-  __syncthreads();
-  if (load_acquire(p.sync + kSyncOver) == 0) return;
-  vfix_units<T, DP>(p, w, g.fix, red);
-}
-
 template <typename T, int DP>
 cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
-  const int64_t k_ctas = (bhk * (p.nk_pad / kAttnBlockK) + 1) / 2;
-  const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kCtaWarps - 1) / kCtaWarps;
-  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kCtaWarps - 1) / kCtaWarps;
-  const int64_t stats_ctas = bhk * (DP / kStatChannels);
-  const int64_t fix_ctas = p.v_over ? kFixCtas : 0;
-  const int64_t all = stats_ctas + q_ctas + v_ctas + k_ctas + fix_ctas;
-  if (all > 0x7fffffff) return cudaErrorInvalidValue;
-  if (q_ctas + v_ctas + k_ctas == 0) return cudaSuccess;
-  const QkvGrid g{static_cast<int>(stats_ctas), static_cast<int>(q_ctas), static_cast<int>(v_ctas),
-                  static_cast<int>(k_ctas), static_cast<int>(fix_ctas)};
-  // a plain launch: the zeroed p.sync (the caller's) and Q, K and V must be complete
-  qkv_kernel<T, DP><<<static_cast<unsigned>(all), kStatThreads, 0, stream>>>(p, g);
+  const int64_t k_ctas = bhk * (p.nk_pad / kAttnBlockK);
+  const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kWarps - 1) / kWarps;
+  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
+  if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
+  if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
+  qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const dim3 fix_grid(kFixCtas);
+#if defined(SAGE_SM90)
+  // Hopper module: programmatic dependent launch, as for the attention kernel after these.
+  // The Q blocks may skip pdl_wait: they read only Q, which the kernels before the statistics
+  // kernel (a plain launch: it starts once they are done) left complete, and write only
+  // q_out and q_scale, which nothing running touches.
+  const cudaError_t e = launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)),
+                                   dim3(kThreads), 0, stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+  if (e != cudaSuccess || !p.v_over) return e;
+  return launch_pdl(qkv_vfix_kernel<T, DP>, fix_grid, dim3(kStatThreads), 0, stream, p);
+#else
+  qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
+      p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+  if (!p.v_over) return cudaGetLastError();
+  qkv_vfix_kernel<T, DP><<<fix_grid, kStatThreads, 0, stream>>>(p);
   return cudaGetLastError();
+#endif
 }
 
 template <typename T>

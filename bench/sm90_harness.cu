@@ -20,15 +20,8 @@
 #include <vector>
 
 #include "launch.h"
+#include "cuda_check.h"
 
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 __device__ uint32_t mix(uint64_t i) {
   i ^= i >> 33;

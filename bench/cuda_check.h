@@ -1,5 +1,5 @@
 // CHECK(call): exit with file, line, the call and CUDA's message when a runtime call fails.
-// Shared by the standalone nvcc programs in bench/ (sm90_harness.cu, stream_floor.cu).
+// Shared by the standalone nvcc programs in bench/ (sm90_harness.cu, quant_harness.cu, stream_floor.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 """Where the time of one short-sequence call goes (Hopper path), beside SDPA's cuDNN backend.
 
-    python bench/prof_short.py [--n 1024 2048 4096] [--d 128 64]
+    python bench/prof_short.py [--n 1024 2048 4096] [--d 128 64] [--timeline]
 
 For each shape it prints, in microseconds:
   - the end-to-end GPU time (do_bench median) of sageattn, of the sm90 function and of cuDNN;
@@ -9,6 +9,7 @@ For each shape it prints, in microseconds:
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
     queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
 A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
+With --timeline, also each kernel of one sageattn call with its start and end (profiler).
 """
 
 from __future__ import annotations
@@ -57,10 +58,8 @@ def stages(q, k, v):
         "quant_q": lambda: op.quant_int8(q, None, None, scale, _cuda.WARP_Q, 8, nq_pad, dp),
         "quant_k": lambda: op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, nk_pad, dp),
         "quant_v": lambda: op.quant_v_fp8(v, _cuda.FP8_MAX, False, nk_pad, dp),
-        # the four rows above in one op (what _cuda.forward calls): statistics, quantization and, for a V
-        # larger than half of L2, the V fallback launch
-        "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp,
-                                          _cuda.v_fits_l2(v)),
+        # the four rows above in one op (what _cuda.forward calls): statistics, then quantization
+        "quant_qkv": lambda: op.quant_qkv(q, k, v, scale, 8, 4, True, False, False, _cuda.FP8_MAX, nq_pad, nk_pad, dp),
         "attn": lambda: op.attn(q8, k8, v8, qs, ks, vs, None, None, 8, 4, nq, nk, d, False, 2, False, False,
                                 d ** -0.5, q.dtype),
     }
@@ -80,9 +79,31 @@ def kernel_us(fn, reps: int = 20) -> dict:
     for e in prof.key_averages():
         total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if total and e.count:
-            name = next((k for k in ("qkv_stats", "qkv_quant", "qkv_vfix") if k in e.key), e.key[:40])
+            name = next((k for k in ("qkv_stats", "qkv_quant") if k in e.key), e.key[:40])
             out[name] = total / e.count
     return out
+
+
+def timeline(fn, reps: int = 10) -> list:
+    """The kernels of one call of ``fn`` (after an L2-evicting write, as do_bench does), each as
+    (name, start, end) in µs from the start of the call's first kernel: the last of ``reps``
+    profiled calls. Shows the gaps between launches that per-kernel times hide."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                      if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA), key=lambda x: x[1])
+    starts = [i for i, (name, _, _) in enumerate(kernels) if "fill" in name.lower() or "zero" in name.lower()]
+    last = kernels[starts[-1] + 1:] if starts else kernels
+    t0 = last[0][1] if last else 0
+    return [(name, a - t0, b - t0) for name, a, b in last]
 
 
 def main() -> None:
@@ -91,6 +112,7 @@ def main() -> None:
     ap.add_argument("--d", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=32)
+    ap.add_argument("--timeline", action="store_true", help="also print each sageattn kernel's start and end")
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.b} H={args.h} bf16 HND, non-causal")
     print("| D | N | what | GPU µs | host µs/call | TOPS (GPU) |")
@@ -114,6 +136,12 @@ def main() -> None:
                     print(f"| {d} | {n} | quant_qkv: {kname} (profiler) | {us:.1f} | | |", flush=True)
             except Exception as exc:  # noqa: BLE001 - a profiler problem must not lose the table
                 print(f"# profiler breakdown failed: {exc!r}")
+            if args.timeline:
+                try:
+                    for kname, a, b in timeline(rows["sageattn"]):
+                        print(f"# D={d} N={n} sageattn timeline: {a:8.1f} .. {b:8.1f} µs  {kname[:70]}", flush=True)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"# timeline failed: {exc!r}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs). Above 128 keys the last KV head's V has an outlier on a
 key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
-the statistics (these V fit in L2) and, from a direct quant_qkv call, in its own launch.
+the statistics (these V fit in L2) and, from a direct quant_qkv call, in the quantization
+kernel (the last tile of each 32-channel group).
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python scripts/sanitize_cases.py
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
                 v[0, -1, 1, :5] = 1000.0  # key 1 is in no sample of more than 128 keys
             o, lse = fn(q, k, v, is_causal=causal, return_lse=True, **opts)
             if backend in ("cuda_fp8", "cuda_sm90") and not opts.get("smooth_v") and not causal:
-                # quant_qkv as a V too large for L2 gets it: sampled scale, overflow flags, fallback launch
+                # quant_qkv as a V too large for L2 gets it: sampled scale, overflow flags, the group's fix
                 ext = _cuda.kernel_module(dispatch.BACKENDS[backend].extension, d)
                 nk_pad = -(-n // _cuda.kv_block(ext)) * _cuda.kv_block(ext)
                 _cuda.ops(ext).quant_qkv(q, k, v, 0.1, 8, 4, True, False, False, _cuda.FP8_MAX,

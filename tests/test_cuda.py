@@ -517,8 +517,9 @@ def test_quant_qkv_v_outliers_off_the_sample(backend, n, layout):
     """V's scale comes from the 128-key sample (times 8) unless a value anywhere would overflow
     it: outliers on keys outside the sample (up to 1e4, bf16) put exactly their channels on
     the exact scale, nothing is clipped, and the attention follows the reference. The two
-    ways of deciding it (the quantization flags overflows for a third launch, or the
-    statistics read every key: v_full_stats) give the same bits."""
+    ways of deciding it (the quantization flags overflows and each channel group's last tile
+    fixes them, or the statistics read every key: v_full_stats) give the same bits, with V in
+    one e4m3 term or two."""
     fn, ext = _need(backend)
     q, k, v = make_qkv(1, 4, 2, n, n, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=n)
     vh = v.transpose(1, 2) if layout == "NHD" else v
@@ -533,6 +534,14 @@ def test_quant_qkv_v_outliers_off_the_sample(backend, n, layout):
     full = _quant_qkv_both(backend, q, k, v, layout, "per_thread", True, False, False, v_full=True)[0]
     assert all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
                            b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(new, full))
+    if backend == SM90:  # two e4m3 terms: the fallback writes the hi and the lo rows again
+        qh, kh = (t.transpose(1, 2) if layout == "NHD" else t for t in (q, k))
+        dp = new[6].shape[2]
+        args = (qh, kh, vh, 0.1, 8, 4, True, False, False, _cuda.FP8_MAX, new[0].shape[2], new[6].shape[3], dp)
+        two = [_cuda.ops(ext).quant_qkv(*args, f, 2) for f in (False, True)]
+        assert torch.equal(two[0][6].view(torch.uint8), two[1][6].view(torch.uint8))
+        assert torch.equal(two[0][7], two[1][7]) and torch.equal(two[0][7], new[7])
+        assert torch.equal(two[0][6].view(torch.uint8)[:, :, :dp], new[6].view(torch.uint8))
     exact = old[7]  # quant_v_fp8's scales: the largest |v| of every key
     same = torch.eq(new[7], exact)[0]
     want = torch.zeros_like(same)

@@ -112,9 +112,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
   Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
   // v_inv, then (a sampled V scale, checked by the quantization) the overflow flags, as many
-  // 32-bit words, and one more
+  // 32-bit words, and a tile count per 32-channel group
   const bool flags = !smooth_v && !v_full_stats;
-  Tensor v_work = at::empty({B * Hkv * d_pad * (flags ? 2 : 1) + (flags ? 1 : 0)}, f32);
+  Tensor v_work = at::empty({B * Hkv * d_pad + (flags ? B * Hkv * d_pad * 33 / 32 : 0)}, f32);
   p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;

@@ -78,8 +78,9 @@ struct QuantQKVParams {
   float* v_inv;                // [B, Hkv, d_pad] workspace: v_scale_max / amax
   bool v_full;                 // not smoothing V: the statistics read all of V and decide V's
                                // fallback themselves (same results; for a V that fits in L2)
-  uint32_t* v_over;            // [B * Hkv * d_pad + 1] workspace: channels whose sampled scale a
-                               // value overflowed, then whether any did (null when smoothing V or v_full)
+  uint32_t* v_over;            // [B * Hkv * d_pad * 33 / 32] workspace: channels whose sampled scale a
+                               // value overflowed, then per 32-channel group its V tiles written
+                               // (null when smoothing V or v_full)
 };
 cudaError_t quant_qkv(const QuantQKVParams& p, cudaStream_t stream);
 #endif

@@ -1,15 +1,15 @@
-// Q, K and V quantized for the fp8 attention kernels in two launches (three for a V that
-// takes its scale from the key sample and more than half of L2), instead of a torch K mean,
-// quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
+// Q, K and V quantized for the fp8 attention kernels in two launches, instead of a torch K
+// mean, quant_int8 for Q, quant_int8 for K and quant_v_fp8's two passes over V:
 //
 //   1. qkv_stats_kernel, one CTA per (batch, kv head, 32 channels): the K sum over the
 //      sample's rows (-> K mean) and V's scale: from the sample's largest |v| times
 //      kVAmaxMargin, or, when V is smoothed, from V's sum, max and min over all keys (-> V
 //      scale, inverse scale and mean; quant_fp8.cu's pass-1 thread layout and summation
 //      order, so those statistics are bit-identical to quant_v_fp8's). With v_full (the
-//      caller's choice when V fits in L2: the quantization then reads it from there) it also
-//      reads all of V unsmoothed and decides the fallback of step 3 itself: same results,
-//      no third launch.
+//      caller's choice; sageattn does not ask for it since the fallback below costs no launch:
+//      bench/NOTES.md) it also reads all of V unsmoothed and decides the fallback itself: same
+//      results. The sample-only build holds fewer registers, so its CTAs take one wave and
+//      leave room for the Q blocks that run beside it.
 //   2. qkv_quant_kernel, a 1-D grid in three ranges: Q blocks (one warp per 16-row scale
 //      block), V tiles (one warp per 64 tokens x 32 channels) and K blocks (one CTA per 64-row
 //      scale block). Every warp loads its rows into registers once, reduces the
@@ -18,17 +18,14 @@
 //      blocks, which need no statistics unless q . (K mean) is asked for, run while the
 //      statistics kernel still does; V and K wait for it. A V tile that finds a value the
 //      sampled scale would push past v_scale_max flags its channel (it is still written,
-//      saturated).
-//   3. qkv_vfix_kernel, only for a sampled V scale without v_full, 16 CTAs: nothing unless a
-//      channel was flagged (one word says whether any was); then each flagged channel gets
-//      the exact scale (its largest |v| over all keys, as quant_v_fp8) and its 32-channel
-//      group of V is written again. Real V stays well inside 8x its sample's maximum, so
-//      this works for adversarial inputs only, and no value is ever clipped. Even empty, the
-//      launch costs 2.5-6 us per call (bench/results/...-20eaf00-v-sample.md), hence v_full.
+//      saturated), and the last tile written of each 32-channel group (a counter per group)
+//      gives flagged channels the exact scale and writes the group again (v_fix_group). That
+//      used to be a third launch, which cost 2.5-6 us even when empty
+//      (bench/results/...-20eaf00-v-sample.md).
 //
 // (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
-// were combined across CTAs was slower at every length once K's mean came from a sample;
-// bench/NOTES.md.)
+// were combined across CTAs was slower at every length once K's mean came from a sample, and
+// so was one grid of statistics, Q, V and K CTAs waiting on per-head counters; bench/NOTES.md.)
 #include <cstring>
 #include <type_traits>
 
@@ -52,7 +49,7 @@ static_assert(kKSampleRows % kStatChains == 0, "each token chain adds the same n
 // |v| times this margin (a power of two, so the product is exact). Values up to 8x the
 // sample's maximum fit; the scale's only cost is e4m3's subnormal range starting 8x higher
 // (bench/NOTES.md). A channel with a larger value anywhere falls back to the exact maximum
-// (qkv_vfix_kernel).
+// (v_fix_group).
 constexpr float kVAmaxMargin = 8.f;
 
 // ---- quantization kernel ----
@@ -164,6 +161,14 @@ __device__ __forceinline__ float v_sampled_amax(const QuantQKVParams& p, float s
   return __fmul_rn(full, __fdiv_rn(p.v_scale_max, est)) > p.v_scale_max ? full : est;
 }
 
+// With a sampled V scale (p.v_over), the count of V tiles of head bh's 32-channel group from
+// channel c0 that are written: the tile that completes it applies the group's fallback
+// (v_fix_group). Zeroed by the statistics kernel, after the flags in p.v_over.
+__device__ __forceinline__ uint32_t* v_tiles_done(const QuantQKVParams& p, int64_t bh, int c0) {
+  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
+  return p.v_over + bhs * p.d_pad + bh * (p.d_pad / kStatChannels) + c0 / kStatChannels;
+}
+
 // ============================== 1. statistics ==============================
 
 // Row i of the K sample (i < k_sample_rows(n)): evenly spaced, the middle of each of the
@@ -204,8 +209,11 @@ __device__ __forceinline__ void v_chain_all(const T* v, int64_t stride_n, int n,
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQKVParams p) {
+// kFull: V over all keys is read (p.v_mean or p.v_full); otherwise only the sample, and the
+// kernel is built for more CTAs per SM (fewer registers: one wave, and room beside it for the
+// quantization grid's Q blocks, which start before it ends).
+template <typename T, bool kFull>
+__global__ void __launch_bounds__(kStatThreads, kFull ? 2 : 4) qkv_stats_kernel(const QuantQKVParams p) {
   __shared__ float red[5][kStatThreads / 32][kStatChannels];  // V sum, max, min, K sum, sample max |v|
   pdl_launch_dependents();  // the quantization grid may be scheduled (it waits for this one)
   const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
@@ -219,7 +227,8 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
   const bool ksum = p.k_mean != nullptr;
   // V over all keys: smoothing (its mean and range), or the caller's choice (the fallback
   // decided here, and the quantization finds V in L2); V's sample unless smoothing
-  const bool vfull = p.v_mean != nullptr || p.v_full, vsample = p.v_mean == nullptr;
+  constexpr bool vfull = kFull;
+  const bool vsample = p.v_mean == nullptr;
 
   // the sample's rows r and r + 64 of K and, for V's sampled scale, of V (loaded first)
   const int srows = k_sample_rows(n);
@@ -247,32 +256,33 @@ __global__ void __launch_bounds__(kStatThreads, 2) qkv_stats_kernel(const QuantQ
     for (int i = 0; i < 8; ++i) sk[i] += elem<T>(xk[u], i);
   }
   // the eight chains of a warp: lanes 4 apart hold neighbouring chains of the same channels
-  chains_to_shared(s, OpAdd(), red[0], warp, lane);
-  chains_to_shared(mx, OpMax(), red[1], warp, lane);
-  chains_to_shared(mn, OpMin(), red[2], warp, lane);
+  if constexpr (kFull) {
+    chains_to_shared(s, OpAdd(), red[0], warp, lane);
+    chains_to_shared(mx, OpMax(), red[1], warp, lane);
+    chains_to_shared(mn, OpMin(), red[2], warp, lane);
+  }
   chains_to_shared(sk, OpAdd(), red[3], warp, lane);
   chains_to_shared(sa, OpMax(), red[4], warp, lane);
   __syncthreads();
   if (tid >= kStatChannels) return;
   constexpr int kW = kStatThreads / 32;
-  const float ts = warps_in_order(red[0], kW, tid, 0.f, OpAdd());
-  const float tmx = warps_in_order(red[1], kW, tid, -INFINITY, OpMax());
-  const float tmn = warps_in_order(red[2], kW, tid, INFINITY, OpMin());
+  const float ts = kFull ? warps_in_order(red[0], kW, tid, 0.f, OpAdd()) : 0.f;
+  const float tmx = kFull ? warps_in_order(red[1], kW, tid, -INFINITY, OpMax()) : 0.f;
+  const float tmn = kFull ? warps_in_order(red[2], kW, tid, INFINITY, OpMin()) : 0.f;
   const float tk = warps_in_order(red[3], kW, tid, 0.f, OpAdd());
   const float tsa = warps_in_order(red[4], kW, tid, 0.f, OpMax());
   const int64_t bh = static_cast<int64_t>(b) * p.v.heads + h;
   const int c = c0 + tid;
   const bool has = c < d && n > 0;
-  if (p.v_mean) {
+  if (kFull && p.v_mean) {
     const float mean = has ? __fdiv_rn(ts, static_cast<float>(n)) : 0.f;
     v_scale_out(p, bh, c, has ? fmaxf(__fsub_rn(tmx, mean), __fsub_rn(mean, tmn)) : 0.f, mean);
-  } else if (p.v_full) {
+  } else if (kFull) {  // p.v_full
     v_scale_out(p, bh, c, v_sampled_amax(p, has ? tsa : 0.f, has ? fmaxf(tmx, -tmn) : 0.f), 0.f);
   } else {
     v_scale_out(p, bh, c, v_sampled_amax(p, has ? tsa : 0.f), 0.f);
-    // set by the quantization on overflow: the channel's flag, and one for all
-    p.v_over[bh * p.d_pad + c] = 0u;
-    if (bh == 0 && c == 0) p.v_over[static_cast<int64_t>(p.v.batch) * p.v.heads * p.d_pad] = 0u;
+    p.v_over[bh * p.d_pad + c] = 0u;  // set by the quantization on overflow
+    if (tid == 0) *v_tiles_done(p, bh, c0) = 0u;
   }
   if (ksum && c0 + tid < d) p.k_mean[bh * d + c0 + tid] = srows > 0 ? __fdiv_rn(tk, static_cast<float>(srows)) : 0.f;
 }
@@ -509,10 +519,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
         y[t] = t0 + t < n_left ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
         big = fmaxf(big, fabsf(y[t]));
       }
-      if (check && big > p.v_scale_max) {  // rare: qkv_vfix_kernel
-        atomicOr(p.v_over + bh * DP + c0 + i, 1u);
-        atomicOr(p.v_over + static_cast<int64_t>(p.v.batch) * p.v.heads * DP, 1u);
-      }
+      if (check && big > p.v_scale_max) atomicOr(p.v_over + bh * DP + c0 + i, 1u);  // rare: v_fix_group
       // word q holds tokens 2q, 2q + 1 (low half) and 2q + 8, 2q + 9 (high half)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -529,6 +536,44 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
     if (two)
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(DP + i) * p.nk_pad) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
   }
+}
+
+// The fallback of a sampled V scale, by one warp, for head bh's channels c0 .. c0 + 31 once all
+// of their tiles are written: nothing unless a channel was flagged (a value past what the
+// sampled scale allows); then each flagged channel gets the exact scale, its largest |v| over
+// all keys (as quant_v_fp8), and the group is quantized again (unflagged channels: the same
+// bytes). Real V stays well inside 8x its sample's maximum, so this runs for adversarial
+// inputs only, and no value is ever clipped.
+template <typename T, int DP>
+__device__ __forceinline__ void v_fix_group(const QuantQKVParams& p, int64_t bh, int c0) {
+  const int lane = threadIdx.x & 31;
+  const bool flagged = __ldcg(p.v_over + bh * DP + c0 + lane) != 0u;  // channel c0 + lane
+  if (!__any_sync(0xffffffffu, flagged)) return;
+  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads), n = p.v.n, d = p.v.d;
+  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
+  // max |v| of 8 channels (lane % 4) over the token chain lane / 4 (tokens lane / 4 + 8 i)
+  const int cg = lane & 3;
+  float m[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m[i] = 0.f;
+  for (int t = lane >> 2; t < n; t += 8) {
+    const uint4 x = load_bits8(v + t * p.v.stride_n, c0 + cg * 8, d, vec);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m[i] = fmaxf(m[i], fabsf(elem<T>(x, i)));
+  }
+  reduce_token_chains(m, OpMax());  // every lane: its channel group's maxima
+  float amax = 0.f;                  // channel c0 + lane's, from lane lane / 8
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float x = __shfl_sync(0xffffffffu, m[i], lane >> 3);
+    if ((lane & 7) == i) amax = x;
+  }
+  if (flagged) v_scale_out(p, bh, c0 + lane, c0 + lane < d && n > 0 ? amax : 0.f, 0.f);
+  __syncwarp();  // the new inverse scales are visible to the warp
+  for (int n0t = 0; n0t < p.nk_pad; n0t += kVTokens)
+    quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, n - n0t, bh, n0t, c0, p.v_inv + bh * DP,
+                        nullptr, false);
 }
 
 // V tile `unit`, read from global memory: the last token tiles first,
@@ -548,6 +593,18 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const int n0t = tn * kVTokens;
   quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, p.v.n - n0t, bh, n0t, tc * kVChannels,
                       p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_over != nullptr);
+  if (p.v_over) {
+    // the group's tile count, released after the warp's stores (and flags); the tile that
+    // completes it acquires the others' and applies the fallback
+    __syncwarp();
+    uint32_t last = 0u;
+    if ((threadIdx.x & 31) == 0) {
+      __threadfence();
+      last = atomicAdd(v_tiles_done(p, bh, tc * kVChannels), 1u) == static_cast<uint32_t>(tiles_n - 1);
+      if (last) __threadfence();
+    }
+    if (__shfl_sync(0xffffffffu, last, 0)) v_fix_group<T, DP>(p, bh, tc * kVChannels);
+  }
 }
 
 // Q scale block `unit` (16 rows of one head) for one warp.
@@ -610,54 +667,6 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   quant_rows_g<T, DP, 4>(j, p.k_groups, red);
 }
 
-// ============================== 3. V scale fallback ==============================
-
-// A few CTAs: each leaves at once when nothing overflowed; 1, 16 and 512 were measured, 16
-// (with the early trigger below) was the cheapest (...-20eaf00-v-sample.md section 4).
-constexpr int kFixCtas = 16;
-
-// For each group of 32 channels of a kv head with a flagged channel: the flagged ones get the
-// exact scale (their largest |v| over all keys) and the CTA quantizes the group's 32
-// channels of every token again (unflagged channels: the same bytes). Groups in turn over
-// the grid; usually the one word says no channel was flagged and the CTAs leave at once.
-template <typename T, int DP>
-__global__ void __launch_bounds__(kStatThreads) qkv_vfix_kernel(const QuantQKVParams p) {
-  __shared__ float red[2][kStatThreads / 32][kStatChannels];  // V max, V min
-  // The attention grid may be scheduled now: it waits for this grid to complete, which
-  // follows the quantization grid's completion (pdl_wait below).
-  pdl_launch_dependents();
-  pdl_wait();
-  const int64_t bhs = static_cast<int64_t>(p.v.batch) * p.v.heads;
-  if (p.v_over[bhs * DP] == 0u) return;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int cg = tid & 3, r = tid >> 2, n = p.v.n, d = p.v.d;
-  const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
-  for (int64_t unit = blockIdx.x; unit < bhs * (DP / kStatChannels); unit += gridDim.x) {
-    const int64_t bh = unit / (DP / kStatChannels);
-    const int c0 = static_cast<int>(unit % (DP / kStatChannels)) * kStatChannels;
-    const bool flagged = p.v_over[bh * DP + c0 + lane] != 0u;  // channel c0 + lane
-    if (!__any_sync(0xffffffffu, flagged)) continue;           // every warp decides alike
-    const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
-    const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
-    float s[8], mx[8], mn[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = 0.f, mx[i] = -INFINITY, mn[i] = INFINITY;
-    v_chain_all<T>(v, p.v.stride_n, n, r, c0 + cg * 8, d, vec, s, mx, mn);
-    chains_to_shared(mx, OpMax(), red[0], warp, lane);
-    chains_to_shared(mn, OpMin(), red[1], warp, lane);
-    __syncthreads();
-    if (tid < kStatChannels && flagged) {  // warp 0: lane == tid
-      const float tmx = warps_in_order(red[0], kStatThreads / 32, tid, -INFINITY, OpMax());
-      const float tmn = warps_in_order(red[1], kStatThreads / 32, tid, INFINITY, OpMin());
-      v_scale_out(p, bh, c0 + tid, c0 + tid < d && n > 0 ? fmaxf(tmx, -tmn) : 0.f, 0.f);
-    }
-    __syncthreads();  // the new inverse scales are visible to the CTA, and `red` free again
-    for (int n0t = warp * kVTokens; n0t < p.nk_pad; n0t += (kStatThreads / 32) * kVTokens)
-      quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, n - n0t, bh, n0t, c0, p.v_inv + bh * DP,
-                          nullptr, false);
-  }
-}
-
 template <typename T, int DP>
 cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
@@ -666,24 +675,23 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
   if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
   if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
-  qkv_stats_kernel<T><<<dim3(DP / kStatChannels, p.k.heads, p.k.batch), kStatThreads, 0, stream>>>(p);
+  const dim3 stat_grid(DP / kStatChannels, p.k.heads, p.k.batch);
+  if (p.v_mean || p.v_full)
+    qkv_stats_kernel<T, true><<<stat_grid, kStatThreads, 0, stream>>>(p);
+  else
+    qkv_stats_kernel<T, false><<<stat_grid, kStatThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const dim3 fix_grid(kFixCtas);
 #if defined(SAGE_SM90)
   // Hopper module: programmatic dependent launch, as for the attention kernel after these.
   // The Q blocks may skip pdl_wait: they read only Q, which the kernels before the statistics
   // kernel (a plain launch: it starts once they are done) left complete, and write only
   // q_out and q_scale, which nothing running touches.
-  const cudaError_t e = launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)),
-                                   dim3(kThreads), 0, stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
-  if (e != cudaSuccess || !p.v_over) return e;
-  return launch_pdl(qkv_vfix_kernel<T, DP>, fix_grid, dim3(kStatThreads), 0, stream, p);
+  return launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)), dim3(kThreads), 0,
+                    stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
 #else
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
       p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
-  if (!p.v_over) return cudaGetLastError();
-  qkv_vfix_kernel<T, DP><<<fix_grid, kStatThreads, 0, stream>>>(p);
   return cudaGetLastError();
 #endif
 }

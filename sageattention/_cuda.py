@@ -119,21 +119,6 @@ for _module, _ns in FAMILIES.items():
     register_family(_module, _ns, _register_fakes)
 
 
-_L2_BYTES = {}
-
-
-def v_fits_l2(v) -> bool:
-    """Whether V takes at most half of the GPU's L2 cache. quant_qkv then reads all of V for
-    its statistics (and decides V's scale fallback there), and its quantization finds V in L2;
-    a larger V gets only its sample read first and a fallback launch that is nearly always
-    empty. The results are the same either way (measured on an H100: bench/NOTES.md)."""
-    dev = v.device.index if v.device.index is not None else torch.cuda.current_device()
-    l2 = _L2_BYTES.get(dev)
-    if l2 is None:
-        l2 = _L2_BYTES[dev] = torch.cuda.get_device_properties(dev).L2_cache_size
-    return 2 * v.numel() * v.element_size() <= l2
-
-
 def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float,
             qk_quant_gran: str, pv_accum_dtype: str, smooth_k: bool, smooth_v: bool, return_lse: bool,
             v_fp8_terms: int = 1):
@@ -158,7 +143,7 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
         q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
             qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,
-            nq_pad, nk_pad, dp, v_fits_l2(vh), v_fp8_terms)
+            nq_pad, nk_pad, dp, False, v_fp8_terms)
         if not smooth_v:
             v_mean = None
     else:

@@ -200,30 +200,3 @@ def test_main_module_prints_versions(capsys):
     main()
     out = capsys.readouterr().out
     assert "sageattention 2.2.0" in out and torch.__version__ in out
-
-
-def test_v_fits_l2_is_half_the_cache_and_read_once(monkeypatch):
-    """quant_qkv reads all of V for its statistics when V takes at most half of the device's
-    L2 (v_full_stats; same results, no fallback launch): the rule at its edge, per device,
-    with the property read once per device."""
-    from types import SimpleNamespace
-
-    from sageattention import _cuda
-
-    reads = []
-
-    def props(dev):
-        reads.append(dev)
-        return SimpleNamespace(L2_cache_size=50 * 2**20 if dev == 0 else 6 * 2**20)
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
-    monkeypatch.setattr(_cuda, "_L2_BYTES", {})
-
-    def v(dev, elems):
-        return SimpleNamespace(device=SimpleNamespace(index=dev), numel=lambda: elems, element_size=lambda: 2)
-
-    assert _cuda.v_fits_l2(v(0, 25 * 2**19))            # 25 MiB of bf16: half of 50 MiB
-    assert not _cuda.v_fits_l2(v(0, 25 * 2**19 + 1))
-    assert not _cuda.v_fits_l2(v(1, 2**21))             # 4 MiB: more than half of 6 MiB
-    assert _cuda.v_fits_l2(v(1, 3 * 2**19))
-    assert reads == [0, 1]

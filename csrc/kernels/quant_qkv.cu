@@ -544,8 +544,16 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
 // all keys (as quant_v_fp8), and the group is quantized again (unflagged channels: the same
 // bytes). Real V stays well inside 8x its sample's maximum, so this runs for adversarial
 // inputs only, and no value is ever clipped.
+// Inlined, it costs the sm_90 builds nothing; on sm_100 / sm_120 ptxas then spills more in the
+// whole quantization kernel (532 bytes against 328 as a call, at DP 64 and 128), so there it is a
+// call, made only on the rare path.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define SAGE_V_FIX_INLINE __noinline__
+#else
+#define SAGE_V_FIX_INLINE __forceinline__
+#endif
 template <typename T, int DP>
-__device__ __forceinline__ void v_fix_group(const QuantQKVParams& p, int64_t bh, int c0) {
+__device__ SAGE_V_FIX_INLINE void v_fix_group(const QuantQKVParams& p, int64_t bh, int c0) {
   const int lane = threadIdx.x & 31;
   const bool flagged = __ldcg(p.v_over + bh * DP + c0 + lane) != 0u;  // channel c0 + lane
   if (!__any_sync(0xffffffffu, flagged)) return;

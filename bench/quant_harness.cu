@@ -10,8 +10,8 @@
 //     csrc/kernels/attn_sm90_d64.cu csrc/kernels/attn_sm90_d128.cu -o /tmp/qh
 //   /tmp/qh D B H N [v_full] [iters]      e.g. /tmp/qh 128 4 32 1024
 //
-// v_full: 1 = the statistics read all of V, 0 = the sample only (V's fallback, if any, in the
-// quantization kernel), -1 (default) = as the Python side would choose (_cuda.v_fits_l2).
+// v_full: 1 = the statistics read all of V, 0 (default, what sageattn asks for) = the sample
+// only (V's fallback, if any, in the quantization kernel).
 // Prints, in µs (medians): the op; the attention alone (on the op's outputs); both back to back
 // as sageattn runs them (the attention launched with programmatic dependent launch, so it may
 // start while the op ends) and with an L2-evicting write between them, then the bytes the op
@@ -27,26 +27,14 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "hash_mix.cuh"
 #include "launch.h"
-
-// _cuda.v_fits_l2's rule (V's bytes against the device's L2); a -D flag may replace it
-#ifndef V_FITS_L2
-#define V_FITS_L2(v_bytes, l2_bytes) (2 * (v_bytes) <= (l2_bytes))
-#endif
-
-__device__ uint32_t hash32(uint64_t i) {
-  i ^= i >> 33;
-  i *= 0xff51afd7ed558ccdull;
-  i ^= i >> 33;
-  i *= 0xc4ceb9fe1a85ec53ull;
-  return static_cast<uint32_t>(i ^ (i >> 33));
-}
 
 // x[i] ~ the sum of four uniforms in [-1, 1) (mean 0, variance 4/3), plus bias * (channel % 7)
 __global__ void fill_bf16(uint16_t* x, int64_t n, int d, uint64_t seed, float bias) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float s = bias * static_cast<float>((i % d) % 7);
-    for (int u = 0; u < 4; ++u) s += static_cast<float>(hash32((i * 4 + u) * 0x9e3779b97f4a7c15ull + seed) >> 8) * 0x1p-23f - 1.f;
+    for (int u = 0; u < 4; ++u) s += static_cast<float>(mix((i * 4 + u) * 0x9e3779b97f4a7c15ull + seed) >> 8) * 0x1p-23f - 1.f;
     const uint32_t f = __float_as_uint(s);
     x[i] = static_cast<uint16_t>((f + 0x7fffu + ((f >> 16) & 1u)) >> 16);  // round to nearest even
   }
@@ -77,18 +65,15 @@ static double checksum(const T* dev, int64_t count) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s D B H N [v_full: -1/0/1] [iters]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s D B H N [v_full: 0/1] [iters]\n", argv[0]);
     return 2;
   }
   const int D = std::atoi(argv[1]), B = std::atoi(argv[2]), H = std::atoi(argv[3]), N = std::atoi(argv[4]);
-  const int vf = argc > 5 ? std::atoi(argv[5]) : -1, iters = argc > 6 ? std::atoi(argv[6]) : 30;
+  const int vf = argc > 5 ? std::atoi(argv[5]) : 0, iters = argc > 6 ? std::atoi(argv[6]) : 30;
   const int dp = D <= 64 ? 64 : (D <= 128 ? 128 : 256);
   const int n_pad = (N + 127) / 128 * 128;
   const int64_t elems = int64_t(B) * H * N * D, bh = int64_t(B) * H;
-  int dev = 0, l2 = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const bool v_full = vf < 0 ? V_FITS_L2(elems * 2, l2) : vf != 0;
+  const bool v_full = vf != 0;
 
   uint16_t *q = alloc<uint16_t>(elems), *k = alloc<uint16_t>(elems), *v = alloc<uint16_t>(elems);
   fill_bf16<<<1024, 256>>>(q, elems, D, 1, 0.f);

@@ -21,15 +21,7 @@
 
 #include "launch.h"
 #include "cuda_check.h"
-
-
-__device__ uint32_t mix(uint64_t i) {
-  i ^= i >> 33;
-  i *= 0xff51afd7ed558ccdull;
-  i ^= i >> 33;
-  i *= 0xc4ceb9fe1a85ec53ull;
-  return static_cast<uint32_t>(i ^ (i >> 33));
-}
+#include "hash_mix.cuh"
 
 // bytes: mode 0 int8 in [-127, 127]; mode 1 e4m3 with |x| <= 2^7 (never the NaN pattern)
 __global__ void fill_bytes(uint8_t* x, int64_t n, uint64_t seed, int mode) {

@@ -9,7 +9,8 @@ For each shape it prints, in microseconds:
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
     queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
 A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
-With --timeline, also each kernel of one sageattn call with its start and end (profiler).
+With --timeline, also each kernel of one sageattn call with its start and end (profiler), and
+the same for quant_qkv alone and the attention kernel alone.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main() -> None:
     ap.add_argument("--d", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=32)
-    ap.add_argument("--timeline", action="store_true", help="also print each sageattn kernel's start and end")
+    ap.add_argument("--timeline", action="store_true", help="also print the kernels' start and end: one sageattn call, quant_qkv alone, attn alone")
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.b} H={args.h} bf16 HND, non-causal")
     print("| D | N | what | GPU µs | host µs/call | TOPS (GPU) |")
@@ -137,11 +138,14 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a profiler problem must not lose the table
                 print(f"# profiler breakdown failed: {exc!r}")
             if args.timeline:
-                try:
-                    for kname, a, b in timeline(rows["sageattn"]):
-                        print(f"# D={d} N={n} sageattn timeline: {a:8.1f} .. {b:8.1f} µs  {kname[:70]}", flush=True)
-                except Exception as exc:  # noqa: BLE001
-                    print(f"# timeline failed: {exc!r}")
+                # one sageattn call, and its two ops each alone: the spans the GPU's own clock
+                # gives them, to set beside the do_bench rows above
+                for what in ("sageattn", "quant_qkv", "attn"):
+                    try:
+                        for kname, a, b in timeline(rows[what]):
+                            print(f"# D={d} N={n} {what} timeline: {a:8.1f} .. {b:8.1f} µs  {kname[:70]}", flush=True)
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"# {what} timeline failed: {exc!r}")
 
 
 if __name__ == "__main__":

@@ -147,15 +147,19 @@ int main(int argc, char** argv) {
   // one-thread launches), when alone and when one follows the other
   if (const char* st = std::getenv("QH_STAMPS"); st && std::atoi(st)) {
     uint64_t* ts = alloc<uint64_t>(4);
-    std::vector<double> alone(iters), op_seq(iters), attn_seq(iters);
+    std::vector<double> alone(iters), alone_ev(iters), op_seq(iters), attn_seq(iters);
     for (int i = 0; i < iters; ++i) {
       uint64_t h[4];
+      float ms = 0.f;
       CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
+      CHECK(cudaEventRecord(e0));  // (events around the stamps: both clocks on the same run)
       stamp<<<1, 1>>>(ts, 0);
       CHECK(sage::quant_qkv(p, nullptr));
       stamp<<<1, 1>>>(ts, 1);
+      CHECK(cudaEventRecord(e1));
       CHECK(cudaMemcpy(h, ts, 16, cudaMemcpyDeviceToHost));
-      alone[i] = (h[1] - h[0]) * 1e-3;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      alone[i] = (h[1] - h[0]) * 1e-3, alone_ev[i] = ms * 1e3;
       CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
       stamp<<<1, 1>>>(ts, 0);
       CHECK(sage::quant_qkv(p, nullptr));
@@ -165,9 +169,9 @@ int main(int argc, char** argv) {
       CHECK(cudaMemcpy(h, ts, 24, cudaMemcpyDeviceToHost));
       op_seq[i] = (h[1] - h[0]) * 1e-3, attn_seq[i] = (h[2] - h[1]) * 1e-3;
     }
-    for (auto* v : {&alone, &op_seq, &attn_seq}) std::sort(v->begin(), v->end());
-    std::printf("stamps: op alone %.1f; op then attn %.1f + %.1f us\n", alone[iters / 2], op_seq[iters / 2],
-                attn_seq[iters / 2]);
+    for (auto* v : {&alone, &alone_ev, &op_seq, &attn_seq}) std::sort(v->begin(), v->end());
+    std::printf("stamps: op alone %.1f (events around its two stamps %.1f); op then attn %.1f + %.1f us\n",
+                alone[iters / 2], alone_ev[iters / 2], op_seq[iters / 2], attn_seq[iters / 2]);
   }
   const double bytes = 3.0 * elems * 2 + 3.0 * elems;  // read bf16 Q, K, V; write a byte per element
   const double sum = checksum(p.q_out, bh * n_pad * dp) + checksum(p.k_out, bh * n_pad * dp) +

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "harness_args.h"
 #include "hash_mix.cuh"
 #include "launch.h"
 
@@ -64,12 +65,8 @@ static double checksum(const T* dev, int64_t count) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s D B H N [v_full: 0/1] [iters]\n", argv[0]);
-    return 2;
-  }
-  const int D = std::atoi(argv[1]), B = std::atoi(argv[2]), H = std::atoi(argv[3]), N = std::atoi(argv[4]);
-  const int vf = argc > 5 ? std::atoi(argv[5]) : 0, iters = argc > 6 ? std::atoi(argv[6]) : 30;
+  const HarnessArgs args = harness_args(argc, argv, "v_full: 0/1", 30);
+  const int D = args.d, B = args.b, H = args.h, N = args.n, vf = args.sw, iters = args.iters;
   const int dp = D <= 64 ? 64 : (D <= 128 ? 128 : 256);
   const int n_pad = (N + 127) / 128 * 128;
   const int64_t elems = int64_t(B) * H * N * D, bh = int64_t(B) * H;

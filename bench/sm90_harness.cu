@@ -21,6 +21,7 @@
 
 #include "launch.h"
 #include "cuda_check.h"
+#include "harness_args.h"
 #include "hash_mix.cuh"
 
 // bytes: mode 0 int8 in [-127, 127]; mode 1 e4m3 with |x| <= 2^7 (never the NaN pattern)
@@ -36,12 +37,8 @@ __global__ void fill_f32(float* x, int64_t n, float v) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s D B H N [causal] [iters]\n", argv[0]);
-    return 2;
-  }
-  const int D = std::atoi(argv[1]), B = std::atoi(argv[2]), H = std::atoi(argv[3]), N = std::atoi(argv[4]);
-  const int causal = argc > 5 ? std::atoi(argv[5]) : 0, iters = argc > 6 ? std::atoi(argv[6]) : 20;
+  const HarnessArgs args = harness_args(argc, argv, "causal", 20);
+  const int D = args.d, B = args.b, H = args.h, N = args.n, causal = args.sw, iters = args.iters;
   const int nq_pad = (N + 127) / 128 * 128, nk_pad = nq_pad;
   const int64_t nqk = int64_t(B) * H * nq_pad * D;
   int8_t *q, *k;

@@ -4,8 +4,9 @@
 # from a folder outside the checkout so `import sageattention` can only find the installed copy.
 #
 #   bash bench/wheel_test.sh path/to/sageattention-*.whl [pytest args...]
-# Env: OUT (log folder, default ./wheel-test-logs), PYTEST_ARGS (default: the CUDA kernel tests
-# and the sageattn GPU grid, -n 12 when pytest-xdist is there).
+# Env: OUT (log folder, default ./wheel-test-logs), PYTEST_ARGS (one pytest run with these
+# arguments instead of the default two: the CUDA kernel tests and the sageattn GPU grid, then the
+# FP4 package, dispatch and validation tests; -n 12 when pytest-xdist is there).
 set -euo pipefail
 wheel=$(readlink -f "$1"); shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +28,18 @@ assert path.startswith(os.environ["PYTHONPATH"]), "sageattention was not importe
 EOF
 "$py" -m sageattention | tee "$out/python-m-sageattention.txt"
 xdist=$("$py" -c "import xdist" 2>/dev/null && echo "-n 12" || true)
-args=${PYTEST_ARGS:-"tests/test_cuda.py tests/test_gpu.py -k sageattn $xdist"}
-# shellcheck disable=SC2086
-"$py" -m pytest -q -p no:cacheprovider $args "$@" 2>&1 | tee "$out/wheel-pytest.txt" | tail -5
-exit "${PIPESTATUS[0]}"
+if [[ -n "${PYTEST_ARGS:-}" ]]; then
+  sets=("$PYTEST_ARGS")
+else
+  sets=("tests/test_cuda.py tests/test_gpu.py -k sageattn $xdist"
+        "tests/test_fp4.py tests/test_fp4_blackwell.py tests/test_dispatch.py tests/test_validation.py -rs $xdist")
+fi
+status=0
+: > "$out/wheel-pytest.txt"
+for set in "${sets[@]}"; do
+  echo "== pytest $set" | tee -a "$out/wheel-pytest.txt"
+  # shellcheck disable=SC2086
+  "$py" -m pytest -q -p no:cacheprovider $set "$@" 2>&1 | tee -a "$out/wheel-pytest.txt" | tail -3
+  [[ "${PIPESTATUS[0]}" == 0 ]] || status=1
+done
+exit "$status"

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "event_timing.h"
 #include "harness_args.h"
 #include "hash_mix.cuh"
 #include "launch.h"
@@ -112,25 +113,13 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const size_t flush_bytes = size_t(256) << 20;
-  void* flush = alloc<uint8_t>(flush_bytes);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  const L2Evict evict;
   auto median_us = [&](bool op, bool attn, bool flush_between = false) {
-    std::vector<float> ms(iters);
-    for (int i = 0; i < iters; ++i) {
-      CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
-      CHECK(cudaEventRecord(e0));
+    return 1e3 * median_ms(iters, evict, [&] {
       if (op) CHECK(sage::quant_qkv(p, nullptr));
-      if (flush_between) CHECK(cudaMemsetAsync(flush, (i + 1) & 0xff, flush_bytes));  // (alone: its time)
+      if (flush_between) evict(1);  // (alone: its time)
       if (attn) CHECK(sage::attn_sm90(a, dp, nullptr));
-      CHECK(cudaEventRecord(e1));
-      CHECK(cudaEventSynchronize(e1));
-      CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[iters / 2] * 1e3;
+    });
   };
   CHECK(sage::quant_qkv(p, nullptr));  // warm-up
   CHECK(sage::attn_sm90(a, dp, nullptr));
@@ -144,12 +133,15 @@ int main(int argc, char** argv) {
   // one-thread launches), when alone and when one follows the other
   if (const char* st = std::getenv("QH_STAMPS"); st && std::atoi(st)) {
     uint64_t* ts = alloc<uint64_t>(4);
+    cudaEvent_t e0, e1;  // (events around the stamps: both clocks on the same run)
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
     std::vector<double> alone(iters), alone_ev(iters), op_seq(iters), attn_seq(iters);
     for (int i = 0; i < iters; ++i) {
       uint64_t h[4];
       float ms = 0.f;
-      CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
-      CHECK(cudaEventRecord(e0));  // (events around the stamps: both clocks on the same run)
+      evict(i);
+      CHECK(cudaEventRecord(e0));
       stamp<<<1, 1>>>(ts, 0);
       CHECK(sage::quant_qkv(p, nullptr));
       stamp<<<1, 1>>>(ts, 1);
@@ -157,7 +149,7 @@ int main(int argc, char** argv) {
       CHECK(cudaMemcpy(h, ts, 16, cudaMemcpyDeviceToHost));
       CHECK(cudaEventElapsedTime(&ms, e0, e1));
       alone[i] = (h[1] - h[0]) * 1e-3, alone_ev[i] = ms * 1e3;
-      CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
+      evict(i);
       stamp<<<1, 1>>>(ts, 0);
       CHECK(sage::quant_qkv(p, nullptr));
       stamp<<<1, 1>>>(ts, 1);

@@ -11,7 +11,6 @@
 // Prints the kernel's median time and TOPS (4*B*H*N^2*D operations, halved when causal).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +20,7 @@
 
 #include "launch.h"
 #include "cuda_check.h"
+#include "event_timing.h"
 #include "harness_args.h"
 #include "hash_mix.cuh"
 
@@ -82,23 +82,10 @@ int main(int argc, char** argv) {
     if (ints > 0) CHECK(cudaMemsetAsync(p.tile_counter, 0, ints * sizeof(int)));
   };
 
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
   reset();
   CHECK(sage::attn_sm90(p, D, nullptr));  // warm-up
   CHECK(cudaDeviceSynchronize());
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    reset();  // (outside the timed region)
-    CHECK(cudaEventRecord(e0));
-    CHECK(sage::attn_sm90(p, D, nullptr));
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
-  }
-  std::sort(ms.begin(), ms.end());
-  const double t = ms[iters / 2] * 1e-3;
+  const double t = median_ms(iters, [&](int) { reset(); }, [&] { CHECK(sage::attn_sm90(p, D, nullptr)); }) * 1e-3;
   const double ops = 4.0 * B * H * double(N) * N * D * (causal ? 0.5 : 1.0);
   // a checksum, to tell a variant that computes something else from one that is faster
   std::vector<uint16_t> host(static_cast<size_t>(B) * H * N * D);

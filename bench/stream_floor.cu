@@ -16,13 +16,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
 #include "cuda_check.h"
+#include "event_timing.h"
 
 
 constexpr int kThreads = 256;
@@ -156,29 +156,11 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&copy, elems * 2));
   uint32_t* sink = nullptr;
   CHECK(cudaMalloc(&sink, 4 << 20));
-  void* flush = nullptr;
-  const size_t flush_bytes = size_t(256) << 20;
-  CHECK(cudaMalloc(&flush, flush_bytes));
   CHECK(cudaDeviceSynchronize());
 
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  const L2Evict evict;
   auto timed = [&](const char* name, double bytes, auto&& launch) {
-    std::vector<float> ms;
-    for (int r = 0; r < reps + 3; ++r) {
-      CHECK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-      CHECK(cudaEventRecord(e0));
-      launch();
-      CHECK(cudaEventRecord(e1));
-      CHECK(cudaEventSynchronize(e1));
-      CHECK(cudaGetLastError());
-      float x = 0.f;
-      CHECK(cudaEventElapsedTime(&x, e0, e1));
-      if (r >= 3) ms.push_back(x);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double us = 1e3 * ms[ms.size() / 2];
+    const double us = 1e3 * median_ms(reps, evict, launch, 3);
     std::printf("| %lld | %lld | %lld | %lld | %-16s | %9.1f | %6.2f |\n", (long long)B, (long long)H,
                 (long long)N, (long long)D, name, us, bytes / us * 1e-6);
     std::fflush(stdout);

@@ -4,6 +4,7 @@
     python bench/bench.py --quick         # N 1k, 4k, 16k only
     python bench/bench.py --n 16384 --d 128 --no-causal
     python bench/bench.py --replot bench/results/<run>.json   # redraw a recorded run's PNG
+    python bench/bench.py --power 2       # also energy: TOPS per watt, board power, SM clock
 
 TOPS = 4*B*H*N^2*D (halved when causal) over the median time of the whole call, quantization
 included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. Each backend's time
@@ -12,8 +13,11 @@ first backend of each round rotating (``--order rotate``, the default), so that 
 is always timed right after the others: the H100 runs these kernels at its power cap and
 clocks down as it warms. (Measured on one H100, the order moved the numbers less than
 run-to-run noise; bench/NOTES.md.) ``--order fixed`` times each backend's repeats back to
-back in the given order, as runs before 2026-11-23 did. Writes JSON, a Markdown table and a
-PNG plot into bench/results/ (name: date, GPU, commit).
+back in the given order, as runs before 2026-11-23 did. ``--power S`` (needs nvidia-ml-py) then
+runs each call back to back for S seconds under the board's energy counter (bench/power.py) and
+adds a second table: TOPS per watt, mean board power, mean SM clock and how often the power cap
+held the clock down. Writes JSON, the Markdown tables and a PNG plot into bench/results/ (name:
+date, GPU, commit).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # power.py
 
 import sageattention as sa  # noqa: E402
 
@@ -139,7 +145,14 @@ def record(text: str, out, date: str, device: str, what: str) -> Path:
     return path
 
 
-def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate"):
+def power_calls(seconds: float, ms: float) -> int:
+    """Calls of `ms` each that fill `seconds` of back-to-back work (at least 3)."""
+    return max(3, math.ceil(seconds / (ms * 1e-3)))
+
+
+def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", meter=None, power_s=1.0):
+    """The rows of the table; with a `meter` (power.PowerMeter), after the timing rounds of each
+    shape every backend also runs back to back for `power_s` seconds under the energy counter."""
     rows = []
     table = backends(names)
     for d in ds:
@@ -159,13 +172,23 @@ def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate"):
                 for name in rounds([x for x in table if x in times], repeats, order):
                     fn = table[name]
                     times[name].append(time_ms(lambda: fn(q, k, v, causal)))
+                power = {}
+                if meter is not None:
+                    for name in rounds([x for x in table if times.get(x)], 1, order):
+                        fn, calls = table[name], power_calls(power_s, statistics.median(times[name]))
+                        m = meter.measure(lambda: fn(q, k, v, causal), calls, torch.cuda.synchronize)
+                        m["tops_per_w"] = ops / m["j_per_call"] / 1e12 if m["j_per_call"] > 0 else None
+                        m["sustained_tops"] = ops * calls / m["seconds"] / 1e12
+                        power[name] = m
                 for name in table:
                     ms = statistics.median(times[name]) if times.get(name) else None
                     tops = ops / (ms * 1e-3) / 1e12 if ms else None
                     rows.append(dict(d=d, causal=causal, n=n, b=b, h=heads, backend=name, ms=ms, tops=tops,
-                                     repeats_ms=times.get(name)))
+                                     repeats_ms=times.get(name), **({"power": power[name]} if name in power else {})))
                     print(f"D={d:<4} causal={int(causal)} N={n:<6} {name:<11} "
-                          + (f"{tops:7.1f} TOPS  {ms:8.3f} ms" if tops else "   n/a"), flush=True)
+                          + (f"{tops:7.1f} TOPS  {ms:8.3f} ms" if tops else "   n/a")
+                          + (f"  {power[name]['watts']:5.0f} W {power[name]['mhz_mean']:5.0f} MHz "
+                             f"{power[name]['tops_per_w']:.3f} TOPS/W" if name in power else ""), flush=True)
                 del q, k, v
     return rows
 
@@ -181,6 +204,28 @@ def markdown(rows, names):
             cells.append(f"{r['tops']:.0f}" if r and r["tops"] else "n/a")
         body += f"| {d} | {'yes' if c else 'no'} | {n} | " + " | ".join(cells) + " |\n"
     return head + body
+
+
+def power_markdown(rows, names, seconds: float, limit_w: float | None = None) -> str:
+    """The --power table: per shape and backend, TOPS per watt (tera-operations per joule) and,
+    in brackets, the mean board power and SM clock while the call ran back to back."""
+    keys = sorted({(r["d"], r["causal"], r["n"]) for r in rows if "power" in r}, key=lambda t: (-t[0], t[1], t[2]))
+    if not keys:
+        return ""
+    limit = f" (board power limit {limit_w:.0f} W)" if limit_w else ""
+    text = (f"Energy (`--power {seconds:g}`): each call run back to back for {seconds:g} s, no cache flush between "
+            f"calls, under the board's energy counter (NVML){limit}. Cells: TOPS per watt (mean board power, "
+            f"mean SM clock; share of clock samples held down by the power cap).\n\n")
+    text += "| D | causal | N | " + " | ".join(names) + " |\n|" + "---|" * (3 + len(names)) + "\n"
+    for d, c, n in keys:
+        cells = []
+        for name in names:
+            r = next((r for r in rows if (r["d"], r["causal"], r["n"], r["backend"]) == (d, c, n, name)), None)
+            p = r.get("power") if r else None
+            cells.append(f"{p['tops_per_w']:.2f} ({p['watts']:.0f} W, {p['mhz_mean']:.0f} MHz; "
+                         f"cap {100 * p['power_cap_share']:.0f} %)" if p and p.get("tops_per_w") else "n/a")
+        text += f"| {d} | {'yes' if c else 'no'} | {n} | " + " | ".join(cells) + " |\n"
+    return text
 
 
 def plot(rows, names, path, device=None):
@@ -223,6 +268,9 @@ def main(argv=None):
     ap.add_argument("--flush", choices=["write", "read"], default="write",
                     help="before each timed call: do_bench's 256 MiB write (default), or that write and then a "
                          "256 MiB read of other data (see the comment above time_ms)")
+    ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
+                    help="also run each call back to back for SECONDS under the GPU's energy counter (NVML, "
+                         "nvidia-ml-py): TOPS per watt, board power and SM clock per shape and backend")
     ap.add_argument("--tag", default="", help="extra word in the output file names")
     ap.add_argument("--replot", metavar="JSON", help="only draw the PNG of a recorded run, next to its JSON (no GPU)")
     args = ap.parse_args(argv)
@@ -238,7 +286,16 @@ def main(argv=None):
         _read_flush = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
     ns = args.n or ([1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768])
     causals = [True] if args.causal_only else [False] if args.no_causal else [False, True]
-    rows = run(ns, args.d, causals, args.backends, args.repeats, order=args.order)
+    meter = None
+    if args.power > 0:
+        from power import NvmlMissing, PowerMeter
+
+        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+        try:
+            meter = PowerMeter(str(uuid) if uuid else None)
+        except NvmlMissing as exc:
+            sys.exit(str(exc))
+    rows = run(ns, args.d, causals, args.backends, args.repeats, order=args.order, meter=meter, power_s=args.power)
     names = list(dict.fromkeys(r["backend"] for r in rows))
     dev = torch.cuda.get_device_name()
     meta = {
@@ -252,6 +309,8 @@ def main(argv=None):
         "order": args.order,
         "flush": args.flush,
         "dispatch": sa.dispatch.choose(torch.device("cuda")).backend,
+        "power_s": args.power,
+        "power_limit_w": meter.limit_w if meter else None,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,6 +321,8 @@ def main(argv=None):
           f"timing order: {meta['order']}; L2 flush before each call: {meta['flush']}\n\n"
           f"Command: `{meta['command']}`\n\nTOPS, end to end (quantization included), bf16, B=4, H=32 (B=1 at N=32768):\n\n"
           + markdown(rows, names))
+    if meter:
+        md += "\n" + power_markdown(rows, names, args.power, meter.limit_w)
     (out / f"{stem}.md").write_text(md)
     try:
         plot(rows, names, out / f"{stem}.png")

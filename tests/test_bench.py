@@ -71,3 +71,102 @@ def test_read_flush_follows_do_bench_write_and_is_removed_after(monkeypatch, mod
     want = [("write", "cache")] + ([("read", "other")] if mode == "read" else []) + [("call", None)]
     assert log == want
     assert "clear_cache" not in vars(fake), "the wrapper must not outlive the timing"
+
+
+# ---- --power: bench/power.py against a stand-in for NVML (no GPU needed) ----
+_pspec = importlib.util.spec_from_file_location("bench_power", Path(__file__).resolve().parent.parent / "bench" / "power.py")
+power = importlib.util.module_from_spec(_pspec)
+_pspec.loader.exec_module(power)
+
+
+class _FakeNvml:
+    """NVML's calls that PowerMeter makes, over a board whose energy counter (mJ), SM clock and
+    clock-event reasons the test sets."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self):
+        self.energy_mj, self.mhz, self.reasons, self.handles = 5_000_000, 1980, 0, []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self.handles.append(("index", i))
+        return "h"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.handles.append(("uuid", uuid))
+        return "h"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return self.energy_mj
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        assert which == self.NVML_CLOCK_SM
+        return self.mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.reasons
+
+
+def test_power_meter_energy_per_call_and_watts_come_from_the_counter_difference():
+    nv, now = _FakeNvml(), [100.0]
+    meter = power.PowerMeter("1234-abcd", nvml=nv, interval_s=1e-4)
+    assert nv.handles == [("uuid", "GPU-1234-abcd")] and meter.limit_w == 700.0
+    syncs = []
+
+    def call():  # each call: 350 J over 0.5 s (700 W), the clock held at 1500 MHz by the power cap
+        nv.energy_mj += 350_000
+        now[0] += 0.5
+        nv.mhz, nv.reasons = 1500, power.POWER_CAP
+
+    m = meter.measure(call, 4, sync=lambda: syncs.append(now[0]), clock=lambda: now[0])
+    assert syncs == [100.0, 102.0], "one sync before the first call, one after the last"
+    assert m["calls"] == 4 and m["seconds"] == pytest.approx(2.0) and m["joules"] == pytest.approx(1400.0)
+    assert m["watts"] == pytest.approx(700.0) and m["j_per_call"] == pytest.approx(350.0)
+    # the first sample is taken before any call (1980 MHz, no reason), the last after the calls
+    assert m["mhz_min"] == 1500 and m["mhz_max"] == 1980 and 1500 < m["mhz_mean"] < 1980
+    assert 0 < m["power_cap_share"] < 1 and m["thermal_share"] == 0 and m["clock_samples"] >= 2
+
+
+def test_power_meter_without_uuid_takes_nvml_device_0_and_refuses_no_calls():
+    nv = _FakeNvml()
+    meter = power.PowerMeter(nvml=nv)
+    assert nv.handles == [("index", 0)]
+    with pytest.raises(ValueError, match="calls must be >= 1, got 0"):
+        meter.measure(lambda: None, 0, sync=lambda: None)
+
+
+def test_clock_summary_shares_by_reason_bits():
+    s = power.summarize([(1980, 0), (1600, power.POWER_CAP), (1500, power.POWER_CAP | 0x40), (1700, 0x8)])
+    assert s["mhz_mean"] == pytest.approx(1695.0) and s["mhz_min"] == 1500 and s["mhz_max"] == 1980
+    assert s["power_cap_share"] == 0.5 and s["thermal_share"] == 0.25 and s["hw_slowdown_share"] == 0.25
+    with pytest.raises(ValueError):
+        power.summarize([])
+
+
+def test_missing_nvml_names_the_package(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml then raises ImportError
+    with pytest.raises(power.NvmlMissing, match="pip install nvidia-ml-py"):
+        power.PowerMeter()
+
+
+@pytest.mark.parametrize("seconds,ms,want", [(2.0, 20.0, 100), (2.0, 0.19, 10527), (0.01, 20.0, 3)])
+def test_power_calls_fill_the_requested_time(seconds, ms, want):
+    assert bench.power_calls(seconds, ms) == want
+
+
+def test_power_table_cells():
+    p = dict(tops_per_w=1.2345, watts=699.6, mhz_mean=1612.4, power_cap_share=0.93)
+    rows = [dict(d=128, causal=False, n=16384, backend="ours", power=p),
+            dict(d=128, causal=False, n=16384, backend="cudnn", tops=600.0)]
+    text = bench.power_markdown(rows, ["cudnn", "ours"], 2.0, 700.0)
+    assert "`--power 2`" in text and "board power limit 700 W" in text
+    assert text.splitlines()[-1] == "| 128 | no | 16384 | n/a | 1.23 (700 W, 1612 MHz; cap 93 %) |"
+    assert bench.power_markdown(rows[1:], ["cudnn"], 2.0) == "", "no --power rows: no table"

@@ -4,9 +4,15 @@
 Why: the H100 runs these kernels at its board power cap and lowers the SM clock to stay under
 it, so a kernel's TOPS move with the board's state (bench/NOTES.md), and for a power-bound
 kernel the energy per call is the figure that says how efficient it is. ``PowerMeter.measure``
-runs one call back to back (no cache flush between calls) and reads the board's cumulative
-energy counter before and after; a thread samples the SM clock and the clock-event reasons
-(power cap, thermal slowdown) meanwhile.
+runs one call back to back (no cache flush between calls) while a thread polls the board's
+cumulative energy counter and samples the SM clock and the clock-event reasons (power cap,
+thermal slowdown).
+
+The counter moves in steps: on the H100 about every 100 ms (measured, bench/results/
+2026-11-24-NVIDIA_H100_80GB_HBM3-134dd91-power.md), i.e. ~70 J at 700 W, so the difference of
+two reads taken at arbitrary times is ±5 % off over 2 s. The board power therefore comes from
+the counter's own steps: the energy between the first and the last step seen inside the run,
+over the time between them (each step timed to within one poll, a few ms).
 """
 
 from __future__ import annotations
@@ -69,31 +75,65 @@ class PowerMeter:
 
     def measure(self, fn, calls: int, sync, clock=time.perf_counter) -> dict:
         """Run `fn` `calls` times back to back; `sync` waits for the GPU (torch.cuda.synchronize).
-        Energy and time span from the last sync before the first call to the sync after the last."""
+        The run spans the last sync before the first call to the sync after the last."""
         if calls < 1:
             raise ValueError(f"calls must be >= 1, got {calls}")
-        samples, stop = [], threading.Event()
+        steps, clocks, stop = CounterSteps(), [], threading.Event()
 
-        def sampler():
-            while not stop.wait(self.interval_s):
-                samples.append(self._sample())
+        def poller():  # the energy counter as often as NVML answers; the clock every interval_s
+            next_clock = 0.0
+            while not stop.is_set():
+                ta = clock()
+                e = self._energy_j()
+                steps.poll(ta, clock(), e)
+                if ta >= next_clock:
+                    clocks.append(self._sample())
+                    next_clock = ta + self.interval_s
+                time.sleep(5e-4)
 
         sync()
         e0, t0 = self._energy_j(), clock()
-        samples.append(self._sample())
-        thread = threading.Thread(target=sampler, daemon=True)
+        thread = threading.Thread(target=poller, daemon=True)
         thread.start()
         try:
             for _ in range(calls):
                 fn()
             sync()
         finally:
+            t1 = clock()
             stop.set()
             thread.join()
-        samples.append(self._sample())
-        e1, t1 = self._energy_j(), clock()
-        joules, seconds = e1 - e0, t1 - t0
+        e1 = self._energy_j()
+        seconds = t1 - t0
         if seconds <= 0:
             raise ValueError("the measured span is empty")
-        return dict(calls=calls, seconds=seconds, joules=joules, watts=joules / seconds, j_per_call=joules / calls,
-                    **summarize(samples))
+        watts = step_watts(steps.steps, t0, t1)
+        source = "steps"
+        if watts is None:  # a run too short for two steps: the two reads around it
+            watts, source = (e1 - e0) / seconds, "ends"
+        joules = watts * seconds
+        return dict(calls=calls, seconds=seconds, joules=joules, watts=watts, j_per_call=joules / calls,
+                    watts_from=source, **summarize(clocks or [self._sample()]))
+
+
+class CounterSteps:
+    """The (time, value) of each change of a polled counter. A change is placed halfway between
+    the end of the last poll that saw the old value and the start of the first that saw the new."""
+
+    def __init__(self):
+        self.steps, self._end, self._value = [], None, None
+
+    def poll(self, start: float, end: float, value):
+        if self._end is not None and value != self._value:
+            self.steps.append(((self._end + start) / 2, value))
+        self._end, self._value = end, value
+
+
+def step_watts(steps, t0: float, t1: float):
+    """Mean power between the first and the last counter step inside (t0, t1], or None when
+    fewer than two steps fall there."""
+    inside = [s for s in steps if t0 < s[0] <= t1]
+    if len(inside) < 2:
+        return None
+    (ta, ea), (tb, eb) = inside[0], inside[-1]
+    return (eb - ea) / (tb - ta)

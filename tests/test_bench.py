@@ -1,6 +1,7 @@
-"""bench/bench.py's timing order (no GPU needed)."""
+"""bench/bench.py's timing order and bench/power.py's energy arithmetic (no GPU needed)."""
 
 import importlib.util
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -113,24 +114,53 @@ class _FakeNvml:
         return self.reasons
 
 
-def test_power_meter_energy_per_call_and_watts_come_from_the_counter_difference():
-    nv, now = _FakeNvml(), [100.0]
-    meter = power.PowerMeter("1234-abcd", nvml=nv, interval_s=1e-4)
-    assert nv.handles == [("uuid", "GPU-1234-abcd")] and meter.limit_w == 700.0
+class _SteppedBoard(_FakeNvml):
+    """A board drawing `watts` whose energy counter, like the H100's, moves only every `step_s`
+    (real time); the SM clock held at 1500 MHz by the power cap."""
+
+    def __init__(self, watts=700.0, step_s=0.1):
+        super().__init__()
+        self.t_start, self.watts, self.step_s = time.perf_counter(), watts, step_s
+        self.mhz, self.reasons = 1500, power.POWER_CAP
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        steps = int((time.perf_counter() - self.t_start) / self.step_s)
+        return 5_000_000 + round(1e3 * self.watts * self.step_s * steps)
+
+
+def test_power_meter_takes_the_board_power_from_the_counter_steps():
+    # 100 ms steps of 70 J: two reads at arbitrary times would be up to ±70 J off over the run
+    # (±6 % over 1.2 s); the steps' own times give the power to within the poll spacing
+    board = _SteppedBoard()
+    meter = power.PowerMeter("1234-abcd", nvml=board)
+    assert board.handles == [("uuid", "GPU-1234-abcd")] and meter.limit_w == 700.0
     syncs = []
+    m = meter.measure(lambda: time.sleep(0.06), 20, sync=lambda: syncs.append(1))
+    assert len(syncs) == 2, "one sync before the first call, one after the last"
+    assert m["watts_from"] == "steps" and m["watts"] == pytest.approx(700.0, rel=0.03)
+    assert m["calls"] == 20 and m["seconds"] == pytest.approx(1.2, rel=0.25)
+    assert m["joules"] == pytest.approx(m["watts"] * m["seconds"]) and m["j_per_call"] == pytest.approx(m["joules"] / 20)
+    assert m["mhz_mean"] == 1500 and m["power_cap_share"] == 1.0 and m["clock_samples"] >= 10
 
-    def call():  # each call: 350 J over 0.5 s (700 W), the clock held at 1500 MHz by the power cap
-        nv.energy_mj += 350_000
-        now[0] += 0.5
-        nv.mhz, nv.reasons = 1500, power.POWER_CAP
 
-    m = meter.measure(call, 4, sync=lambda: syncs.append(now[0]), clock=lambda: now[0])
-    assert syncs == [100.0, 102.0], "one sync before the first call, one after the last"
-    assert m["calls"] == 4 and m["seconds"] == pytest.approx(2.0) and m["joules"] == pytest.approx(1400.0)
-    assert m["watts"] == pytest.approx(700.0) and m["j_per_call"] == pytest.approx(350.0)
-    # the first sample is taken before any call (1980 MHz, no reason), the last after the calls
-    assert m["mhz_min"] == 1500 and m["mhz_max"] == 1980 and 1500 < m["mhz_mean"] < 1980
-    assert 0 < m["power_cap_share"] < 1 and m["thermal_share"] == 0 and m["clock_samples"] >= 2
+def test_power_meter_falls_back_to_the_two_reads_on_a_run_shorter_than_two_steps():
+    board = _SteppedBoard(step_s=0.5)
+    m = power.PowerMeter(nvml=board).measure(lambda: time.sleep(0.01), 1, sync=lambda: None)
+    assert m["watts_from"] == "ends" and m["clock_samples"] >= 1
+
+
+def test_counter_steps_are_placed_between_the_polls_that_saw_the_old_and_the_new_value():
+    c = power.CounterSteps()
+    for start, end, value in [(0.0, 0.002, 10), (0.004, 0.006, 10), (0.010, 0.012, 17), (0.014, 0.016, 17), (0.020, 0.022, 24)]:
+        c.poll(start, end, value)
+    assert c.steps == [(pytest.approx(0.008), 17), (pytest.approx(0.018), 24)]
+
+
+def test_step_watts_uses_the_first_and_last_step_inside_the_run():
+    steps = [(0.05 + 0.1 * i, 70.0 * i) for i in range(30)]  # 700 W in 70 J steps
+    assert power.step_watts(steps, 0.5, 2.0) == pytest.approx(700.0)
+    assert power.step_watts(steps, 0.5, 0.6) is None, "one step inside: no power from steps"
+    assert power.step_watts(steps + [(3.0, 5000.0)], 0.0, 2.96) == pytest.approx(700.0), "steps after the run are not used"
 
 
 def test_power_meter_without_uuid_takes_nvml_device_0_and_refuses_no_calls():

@@ -9,7 +9,7 @@ cumulative energy counter and samples the SM clock and the clock-event reasons (
 thermal slowdown).
 
 The counter moves in steps: on the H100 about every 100 ms (measured, bench/results/
-2026-11-24-NVIDIA_H100_80GB_HBM3-134dd91-power.md), i.e. ~70 J at 700 W, so the difference of
+2026-11-24-NVIDIA_H100_80GB_HBM3-d40d033-power.md), i.e. ~70 J at 700 W, so the difference of
 two reads taken at arbitrary times is ±5 % off over 2 s. The board power therefore comes from
 the counter's own steps: the energy between the first and the last step seen inside the run,
 over the time between them (each step timed to within one poll, a few ms).

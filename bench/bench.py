@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # power.py
 
 import sageattention as sa  # noqa: E402
+from power import calls_for  # noqa: E402  (bench/power.py; imports no NVML until used)
 
 
 def _sdpa(backend):
@@ -145,11 +145,6 @@ def record(text: str, out, date: str, device: str, what: str) -> Path:
     return path
 
 
-def power_calls(seconds: float, ms: float) -> int:
-    """Calls of `ms` each that fill `seconds` of back-to-back work (at least 3)."""
-    return max(3, math.ceil(seconds / (ms * 1e-3)))
-
-
 def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", meter=None, power_s=1.0):
     """The rows of the table; with a `meter` (power.PowerMeter), after the timing rounds of each
     shape every backend also runs back to back for `power_s` seconds under the energy counter."""
@@ -175,7 +170,7 @@ def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", mete
                 power = {}
                 if meter is not None:
                     for name in rounds([x for x in table if times.get(x)], 1, order):
-                        fn, calls = table[name], power_calls(power_s, statistics.median(times[name]))
+                        fn, calls = table[name], calls_for(power_s, statistics.median(times[name]))
                         m = meter.measure(lambda: fn(q, k, v, causal), calls, torch.cuda.synchronize)
                         m["tops_per_w"] = ops / m["j_per_call"] / 1e12 if m["j_per_call"] > 0 else None
                         m["sustained_tops"] = ops * calls / m["seconds"] / 1e12
@@ -188,7 +183,7 @@ def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", mete
                     print(f"D={d:<4} causal={int(causal)} N={n:<6} {name:<11} "
                           + (f"{tops:7.1f} TOPS  {ms:8.3f} ms" if tops else "   n/a")
                           + (f"  {power[name]['watts']:5.0f} W {power[name]['mhz_mean']:5.0f} MHz "
-                             f"{power[name]['tops_per_w']:.3f} TOPS/W" if name in power else ""), flush=True)
+                             f"{power[name]['tops_per_w'] or 0:.3f} TOPS/W" if name in power else ""), flush=True)
                 del q, k, v
     return rows
 
@@ -288,11 +283,10 @@ def main(argv=None):
     causals = [True] if args.causal_only else [False] if args.no_causal else [False, True]
     meter = None
     if args.power > 0:
-        from power import NvmlMissing, PowerMeter
+        from power import NvmlMissing, meter_for_current_gpu
 
-        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
         try:
-            meter = PowerMeter(str(uuid) if uuid else None)
+            meter = meter_for_current_gpu()
         except NvmlMissing as exc:
             sys.exit(str(exc))
     rows = run(ns, args.d, causals, args.backends, args.repeats, order=args.order, meter=meter, power_s=args.power)

@@ -9,11 +9,10 @@ extensions and nvidia-ml-py.
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
-from power import PowerMeter  # bench/
+from power import calls_for, meter_for_current_gpu  # bench/
 from prof_short import sdpa, stages  # bench/ (puts the repository root on sys.path)
 from timing import gpu_us
 
@@ -28,8 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     import sageattention as sa
 
-    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
-    meter = PowerMeter(str(uuid) if uuid else None)
+    meter = meter_for_current_gpu()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.b} H={args.h} bf16 HND, non-causal, "
           f"power limit {meter.limit_w:.0f} W; each row {args.seconds:g} s back to back")
     print("| D | N | what | µs per call (do_bench) | µs per call (back to back) | J per call | board W | SM MHz | capped |")
@@ -46,7 +44,7 @@ def main() -> None:
             }
             for name, fn in rows.items():
                 us = gpu_us(fn)
-                calls = max(3, math.ceil(args.seconds / (us * 1e-6)))
+                calls = calls_for(args.seconds, us * 1e-3)
                 m = meter.measure(fn, calls, torch.cuda.synchronize)
                 print(f"| {d} | {n} | {name} | {us:.1f} | {1e6 * m['seconds'] / calls:.1f} | {m['j_per_call']:.4f} | "
                       f"{m['watts']:.0f} | {m['mhz_mean']:.0f} | {100 * m['power_cap_share']:.0f} % |", flush=True)

@@ -17,6 +17,7 @@ over the time between them (each step timed to within one poll, a few ms).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -28,6 +29,11 @@ HW_SLOWDOWN = 0x8 | 0x80  # HwSlowdown | HwPowerBrakeSlowdown
 
 class NvmlMissing(RuntimeError):
     pass
+
+
+def calls_for(seconds: float, ms: float) -> int:
+    """Calls of `ms` each that fill `seconds` of back-to-back work (at least 3)."""
+    return max(3, math.ceil(seconds / (ms * 1e-3)))
 
 
 def load_nvml():
@@ -114,6 +120,15 @@ class PowerMeter:
         joules = watts * seconds
         return dict(calls=calls, seconds=seconds, joules=joules, watts=watts, j_per_call=joules / calls,
                     watts_from=source, **summarize(clocks or [self._sample()]))
+
+
+def meter_for_current_gpu(**kw) -> "PowerMeter":
+    """A PowerMeter on torch's current CUDA device (found by its UUID, so CUDA_VISIBLE_DEVICES
+    does not matter; NVML's device 0 where torch gives no UUID)."""
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    return PowerMeter(str(uuid) if uuid else None, **kw)
 
 
 class CounterSteps:

@@ -189,7 +189,7 @@ def test_missing_nvml_names_the_package(monkeypatch):
 
 @pytest.mark.parametrize("seconds,ms,want", [(2.0, 20.0, 100), (2.0, 0.19, 10527), (0.01, 20.0, 3)])
 def test_power_calls_fill_the_requested_time(seconds, ms, want):
-    assert bench.power_calls(seconds, ms) == want
+    assert power.calls_for(seconds, ms) == want
 
 
 def test_power_table_cells():

@@ -203,21 +203,23 @@ def markdown(rows, names):
 
 def power_markdown(rows, names, seconds: float, limit_w: float | None = None) -> str:
     """The --power table: per shape and backend, TOPS per watt (tera-operations per joule) and,
-    in brackets, the mean board power and SM clock while the call ran back to back."""
+    in brackets, the mean board power, SM clock and GPU temperature while the call ran back to back."""
     keys = sorted({(r["d"], r["causal"], r["n"]) for r in rows if "power" in r}, key=lambda t: (-t[0], t[1], t[2]))
     if not keys:
         return ""
     limit = f" (board power limit {limit_w:.0f} W)" if limit_w else ""
     text = (f"Energy (`--power {seconds:g}`): each call run back to back for {seconds:g} s, no cache flush between "
             f"calls, under the board's energy counter (NVML){limit}. Cells: TOPS per watt (mean board power, "
-            f"mean SM clock; share of clock samples held down by the power cap).\n\n")
+            f"mean SM clock, mean GPU temperature where the board reports it; share of clock samples held "
+            f"down by the power cap).\n\n")
     text += "| D | causal | N | " + " | ".join(names) + " |\n|" + "---|" * (3 + len(names)) + "\n"
     for d, c, n in keys:
         cells = []
         for name in names:
             r = next((r for r in rows if (r["d"], r["causal"], r["n"], r["backend"]) == (d, c, n, name)), None)
             p = r.get("power") if r else None
-            cells.append(f"{p['tops_per_w']:.2f} ({p['watts']:.0f} W, {p['mhz_mean']:.0f} MHz; "
+            temp = f", {p['temp_c_mean']:.0f} °C" if p and p.get("temp_c_mean") is not None else ""
+            cells.append(f"{p['tops_per_w']:.2f} ({p['watts']:.0f} W, {p['mhz_mean']:.0f} MHz{temp}; "
                          f"cap {100 * p['power_cap_share']:.0f} %)" if p and p.get("tops_per_w") else "n/a")
         text += f"| {d} | {'yes' if c else 'no'} | {n} | " + " | ".join(cells) + " |\n"
     return text

@@ -85,9 +85,11 @@ class _FakeNvml:
     clock-event reasons the test sets."""
 
     NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
 
     def __init__(self):
         self.energy_mj, self.mhz, self.reasons, self.handles = 5_000_000, 1980, 0, []
+        self.temp_c = 45  # None: the board reports no temperature (NVML raises)
 
     def nvmlInit(self):
         pass
@@ -112,6 +114,12 @@ class _FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
         return self.reasons
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        if self.temp_c is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return self.temp_c
 
 
 class _SteppedBoard(_FakeNvml):
@@ -141,6 +149,7 @@ def test_power_meter_takes_the_board_power_from_the_counter_steps():
     assert m["calls"] == 20 and m["seconds"] == pytest.approx(1.2, rel=0.25)
     assert m["joules"] == pytest.approx(m["watts"] * m["seconds"]) and m["j_per_call"] == pytest.approx(m["joules"] / 20)
     assert m["mhz_mean"] == 1500 and m["power_cap_share"] == 1.0 and m["clock_samples"] >= 10
+    assert m["temp_c_mean"] == 45 and m["temp_c_min"] == 45 and m["temp_c_max"] == 45
 
 
 def test_power_meter_falls_back_to_the_two_reads_on_a_run_shorter_than_two_steps():
@@ -175,8 +184,55 @@ def test_clock_summary_shares_by_reason_bits():
     s = power.summarize([(1980, 0), (1600, power.POWER_CAP), (1500, power.POWER_CAP | 0x40), (1700, 0x8)])
     assert s["mhz_mean"] == pytest.approx(1695.0) and s["mhz_min"] == 1500 and s["mhz_max"] == 1980
     assert s["power_cap_share"] == 0.5 and s["thermal_share"] == 0.25 and s["hw_slowdown_share"] == 0.25
+    assert "temp_c_mean" not in s, "no temperatures sampled: none reported"
     with pytest.raises(ValueError):
         power.summarize([])
+
+
+def test_summary_temperatures_skip_samples_without_one():
+    s = power.summarize([(1600, 0, 50), (1600, 0, None), (1600, 0, 62), (1600, 0, 56)])
+    assert s["temp_c_mean"] == pytest.approx(56.0) and s["temp_c_min"] == 50 and s["temp_c_max"] == 62
+
+
+def test_a_board_without_temperature_is_asked_once_and_reports_none():
+    class Counting(_FakeNvml):
+        asked = 0
+
+        def nvmlDeviceGetTemperature(self, h, sensor):
+            Counting.asked += 1
+            return super().nvmlDeviceGetTemperature(h, sensor)
+
+    nv = Counting()
+    nv.temp_c = None
+    meter = power.PowerMeter(nvml=nv)
+    assert [meter._sample()[2] for _ in range(3)] == [None, None, None] and Counting.asked == 1
+    m = meter.measure(lambda: None, 2, sync=lambda: None)
+    assert "temp_c_mean" not in m and m["mhz_mean"] == 1980
+
+
+class _WarmingBoard(_SteppedBoard):
+    """A stepped board whose temperature rises 10 °C per second of real time."""
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 40 + int(10 * (time.perf_counter() - self.t_start))
+
+
+def test_trace_gives_power_clock_and_temperature_per_batch():
+    board = _WarmingBoard(watts=650.0, step_s=0.05)
+    syncs = []
+    rows = power.PowerMeter(nvml=board).trace(lambda: time.sleep(0.1), 4, 3, sync=lambda: syncs.append(1))
+    assert len(rows) == 3 and len(syncs) == 4, "one sync before the first batch, one after each"
+    for i, r in enumerate(rows):
+        assert r["calls"] == 4 and r["seconds"] == pytest.approx(0.4, rel=0.3)
+        assert r["watts"] == pytest.approx(650.0, rel=0.05), "power from the counter's steps inside the batch"
+        assert r["mhz_mean"] == 1500 and r["power_cap_share"] == 1.0
+        if i:
+            assert r["t_s"] == pytest.approx(sum(x["seconds"] for x in rows[:i]), abs=0.02)
+    assert rows[0]["t_s"] == 0.0
+    temps = [r["temp_c_mean"] for r in rows]
+    assert temps[0] < temps[1] < temps[2] and temps[2] - temps[0] == pytest.approx(8, abs=2.5), "~4 °C per 0.4 s batch"
+    with pytest.raises(ValueError, match="got 0 and 3"):
+        power.PowerMeter(nvml=board).trace(lambda: None, 0, 3, sync=lambda: None)
 
 
 def test_missing_nvml_names_the_package(monkeypatch):
@@ -200,3 +256,51 @@ def test_power_table_cells():
     assert "`--power 2`" in text and "board power limit 700 W" in text
     assert text.splitlines()[-1] == "| 128 | no | 16384 | n/a | 1.23 (700 W, 1612 MHz; cap 93 %) |"
     assert bench.power_markdown(rows[1:], ["cudnn"], 2.0) == "", "no --power rows: no table"
+    p["temp_c_mean"] = 61.6
+    assert bench.power_markdown(rows, ["cudnn", "ours"], 2.0).splitlines()[-1] == \
+        "| 128 | no | 16384 | n/a | 1.23 (700 W, 1612 MHz, 62 °C; cap 93 %) |"
+
+
+# ---- bench/power_trace.py's table and fit ----
+_tspec = importlib.util.spec_from_file_location("bench_power_trace", Path(__file__).resolve().parent.parent / "bench" / "power_trace.py")
+
+
+def _power_trace(monkeypatch):
+    import sys
+
+    # power_trace imports bench/ modules by their plain names, as when run as a script
+    monkeypatch.setitem(sys.modules, "bench", bench)
+    monkeypatch.setitem(sys.modules, "power", power)
+    mod = importlib.util.module_from_spec(_tspec)
+    _tspec.loader.exec_module(mod)
+    return mod
+
+
+def test_slope_is_least_squares(monkeypatch):
+    import random
+
+    mod = _power_trace(monkeypatch)
+    rng = random.Random(3)
+    xs = [40 + i for i in range(30)]
+    ys = [2.0 - 0.01 * x + rng.uniform(-1e-3, 1e-3) for x in xs]
+    assert mod.slope(xs, ys) == pytest.approx(-0.01, rel=0.02)
+    assert mod.slope([50, 50, 50], [1.0, 1.1, 1.2]) is None and mod.slope([1], [1.0]) is None
+
+
+def test_trace_table_rows_and_temperature_fit(monkeypatch):
+    mod = _power_trace(monkeypatch)
+    ops = 1e12  # one tera-operation per call
+    base = dict(calls=100, seconds=1.0, mhz_mean=1600, power_cap_share=1.0)
+    rows = [dict(base, t_s=float(i), watts=700.0, temp_c_mean=50.0 + 5 * i) for i in range(3)]
+    rows[1]["calls"], rows[2]["calls"] = 98, 96  # work per joule falls 2 % per 5 °C
+    text = mod.trace_markdown(rows, ops)
+    lines = text.splitlines()
+    assert lines[2] == "| 0.0 | 50.0 | 1600 | 700 | 100.0 | 0.1429 | 100 % |"
+    assert lines[4] == "| 2.0 | 60.0 | 1600 | 700 | 96.0 | 0.1371 | 100 % |"
+    # slope 0.4 TOPS / 700 W per °C, against the mean 98 / 700: -4.08 % per 10 °C
+    assert "3 batches, 50-60 °C" in text and "-4.08 % per 10 °C" in text
+    rows[1]["watts"] = None  # a batch too short for two counter steps: shown, not fitted
+    text = mod.trace_markdown(rows, ops)
+    assert "| 1.0 | 55.0 | 1600 | n/a | 98.0 | n/a | 100 % |" in text and "2 batches" in text
+    same = [dict(r, temp_c_mean=50.0, watts=700.0) for r in rows]
+    assert "no fit" in mod.trace_markdown(same, ops)

@@ -38,9 +38,11 @@ def slope(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
-def trace_markdown(rows, ops: float) -> str:
+def trace_markdown(rows, ops: float, settle_s: float = 0.0) -> str:
     """One backend's batches as a Markdown table, and TOPS/W against temperature: the change
-    per 10 °C relative to the mean (batches without a power reading are left out of the fit)."""
+    per 10 °C relative to the mean. Left out of the fit: batches without a power reading and
+    those starting in the first `settle_s` seconds (on the H100 the board overshoots its cap
+    for ~2 s after an idle start, 740-765 W, while the power controller catches up)."""
     text = "| t (s) | GPU °C | SM MHz | board W | TOPS | TOPS/W | capped |\n|---|---|---|---|---|---|---|\n"
     fit = []
     for r in rows:
@@ -51,14 +53,15 @@ def trace_markdown(rows, ops: float) -> str:
                  f"{r['watts']:.0f}" if r["watts"] else "n/a", f"{tops:.1f}", f"{tpw:.4f}" if tpw else "n/a",
                  f"{100 * r['power_cap_share']:.0f} %"]
         text += "| " + " | ".join(cells) + " |\n"
-        if tpw and temp is not None:
+        if tpw and temp is not None and r["t_s"] >= settle_s:
             fit.append((temp, tpw))
     b = slope([t for t, _ in fit], [y for _, y in fit])
     if b is None:
         return text + "\nTOPS/W against temperature: no fit (fewer than two batches with a spread of temperatures).\n"
     mean = sum(y for _, y in fit) / len(fit)
     span = f"{min(t for t, _ in fit):.0f}-{max(t for t, _ in fit):.0f} °C"
-    return text + (f"\nTOPS/W against temperature ({len(fit)} batches, {span}): {b:+.5f} per °C, "
+    after = f", from {settle_s:g} s on" if settle_s else ""
+    return text + (f"\nTOPS/W against temperature ({len(fit)} batches{after}, {span}): {b:+.5f} per °C, "
                    f"{1000 * b / mean:+.2f} % per 10 °C of the mean {mean:.4f}.\n")
 
 
@@ -74,6 +77,8 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=30.0, help="seconds of idle before each backend's run")
     ap.add_argument("--seconds", type=float, default=40.0, help="length of each backend's run")
     ap.add_argument("--batch", type=float, default=1.0, help="seconds per batch (the counter steps every ~0.1 s)")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds at the start of each run left out of the fit (the power controller's overshoot)")
     ap.add_argument("--out", default=None, help="write the Markdown into this folder (bench/results naming)")
     args = ap.parse_args()
 
@@ -91,7 +96,7 @@ def main() -> None:
             f"{args.seconds:g} s back to back in batches of ~{args.batch:g} s (no cache flush).\n\n"
             f"    python bench/power_trace.py --backends {' '.join(args.backends)} --n {args.n} --d {args.d} "
             f"--b {args.b} --h {args.h}{' --causal' if args.causal else ''} --idle {args.idle:g} "
-            f"--seconds {args.seconds:g} --batch {args.batch:g}\n")
+            f"--seconds {args.seconds:g} --batch {args.batch:g} --settle {args.settle:g}\n")
     for name in args.backends:
         fn = table[name]
         call = lambda: fn(q, k, v, args.causal)  # noqa: E731
@@ -110,7 +115,7 @@ def main() -> None:
         batches = max(2, round(args.seconds / args.batch))
         rows = meter.trace(call, calls, batches, torch.cuda.synchronize)
         section = (f"\n## {name}\n\nIdle {args.idle:g} s: GPU {idle_from} → {idle_to} °C. Batches of {calls} calls "
-                   f"(~{ms:.3f} ms each).\n\n" + trace_markdown(rows, ops))
+                   f"(~{ms:.3f} ms each).\n\n" + trace_markdown(rows, ops, args.settle))
         print(section, flush=True)
         text += section
     if args.out:

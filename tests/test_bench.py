@@ -304,3 +304,15 @@ def test_trace_table_rows_and_temperature_fit(monkeypatch):
     assert "| 1.0 | 55.0 | 1600 | n/a | 98.0 | n/a | 100 % |" in text and "2 batches" in text
     same = [dict(r, temp_c_mean=50.0, watts=700.0) for r in rows]
     assert "no fit" in mod.trace_markdown(same, ops)
+
+
+def test_trace_fit_leaves_out_the_settling_batches(monkeypatch):
+    mod = _power_trace(monkeypatch)
+    base = dict(calls=100, seconds=1.0, mhz_mean=1600, power_cap_share=1.0)
+    # an overshooting first batch (cool, 760 W) and then flat work per joule as the board warms
+    rows = [dict(base, t_s=0.0, watts=760.0, temp_c_mean=50.0)]
+    rows += [dict(base, t_s=float(i), watts=700.0, temp_c_mean=54.0 + i) for i in range(1, 6)]
+    assert "+0.00 % per 10 °C" not in mod.trace_markdown(rows, 1e12), "the overshoot tilts a fit over all batches"
+    text = mod.trace_markdown(rows, 1e12, settle_s=1.0)
+    assert "5 batches, from 1 s on, 55-59 °C" in text and "+0.00 % per 10 °C" in text
+    assert "| 0.0 | 50.0 | 1600 | 760 | 100.0 | 0.1316 | 100 % |" in text, "the settling batch is still shown"

@@ -86,9 +86,9 @@ class PowerMeter:
     def _sample(self):
         nv = self.nv
         reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        return nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM), reasons(self.handle), self._temp_c()
+        return nv.nvmlDeviceGetClockInfo(self.handle, nv.NVML_CLOCK_SM), reasons(self.handle), self.temp_c()
 
-    def _temp_c(self):
+    def temp_c(self):
         """The GPU die's temperature (°C), or None where the board does not report it."""
         if self._has_temp:
             try:

@@ -108,9 +108,9 @@ def main() -> None:
             call()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 100
-        idle_from = meter._sample()[2]
+        idle_from = meter.temp_c()
         time.sleep(args.idle)
-        idle_to = meter._sample()[2]
+        idle_to = meter.temp_c()
         calls = calls_for(args.batch, ms)
         batches = max(2, round(args.seconds / args.batch))
         rows = meter.trace(call, calls, batches, torch.cuda.synchronize)

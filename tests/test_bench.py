@@ -205,7 +205,7 @@ def test_a_board_without_temperature_is_asked_once_and_reports_none():
     nv = Counting()
     nv.temp_c = None
     meter = power.PowerMeter(nvml=nv)
-    assert [meter._sample()[2] for _ in range(3)] == [None, None, None] and Counting.asked == 1
+    assert [meter.temp_c() for _ in range(3)] == [None, None, None] and Counting.asked == 1
     m = meter.measure(lambda: None, 2, sync=lambda: None)
     assert "temp_c_mean" not in m and m["mhz_mean"] == 1980
 

@@ -100,14 +100,8 @@ def main() -> None:
     for name in args.backends:
         fn = table[name]
         call = lambda: fn(q, k, v, args.causal)  # noqa: E731
-        for _ in range(3):  # compile / plan outside the trace
-            call()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            call()
-        torch.cuda.synchronize()
-        ms = (time.perf_counter() - t0) * 100
+        call()  # compile / plan outside the trace
+        ms = bench.time_ms(call)  # the batch size's estimate of one call
         idle_from = meter.temp_c()
         time.sleep(args.idle)
         idle_to = meter.temp_c()
@@ -116,10 +110,12 @@ def main() -> None:
         rows = meter.trace(call, calls, batches, torch.cuda.synchronize)
         section = (f"\n## {name}\n\nIdle {args.idle:g} s: GPU {idle_from} → {idle_to} °C. Batches of {calls} calls "
                    f"(~{ms:.3f} ms each).\n\n" + trace_markdown(rows, ops, args.settle))
-        print(section, flush=True)
+        print(f"{name}: {section.strip().splitlines()[-1]}", flush=True)  # progress: the fit
         text += section
-    if args.out:
+    if args.out:  # (prints the whole text too)
         bench.record(text, args.out, date, device, f"power-trace-d{args.d}-n{args.n}{'-causal' if args.causal else ''}")
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

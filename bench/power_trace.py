@@ -57,7 +57,9 @@ def trace_markdown(rows, ops: float, settle_s: float = 0.0) -> str:
             fit.append((temp, tpw))
     b = slope([t for t, _ in fit], [y for _, y in fit])
     if b is None:
-        return text + "\nTOPS/W against temperature: no fit (fewer than two batches with a spread of temperatures).\n"
+        after = f" from {settle_s:g} s on" if settle_s else ""
+        return text + (f"\nTOPS/W against temperature: no fit (fewer than two batches{after} with a power reading "
+                       f"and a spread of temperatures).\n")
     mean = sum(y for _, y in fit) / len(fit)
     span = f"{min(t for t, _ in fit):.0f}-{max(t for t, _ in fit):.0f} °C"
     after = f", from {settle_s:g} s on" if settle_s else ""

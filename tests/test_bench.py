@@ -313,6 +313,7 @@ def test_trace_fit_leaves_out_the_settling_batches(monkeypatch):
     rows = [dict(base, t_s=0.0, watts=760.0, temp_c_mean=50.0)]
     rows += [dict(base, t_s=float(i), watts=700.0, temp_c_mean=54.0 + i) for i in range(1, 6)]
     assert "+0.00 % per 10 °C" not in mod.trace_markdown(rows, 1e12), "the overshoot tilts a fit over all batches"
+    assert "no fit (fewer than two batches from 9 s on" in mod.trace_markdown(rows, 1e12, settle_s=9.0)
     text = mod.trace_markdown(rows, 1e12, settle_s=1.0)
     assert "5 batches, from 1 s on, 55-59 °C" in text and "+0.00 % per 10 °C" in text
     assert "| 0.0 | 50.0 | 1600 | 760 | 100.0 | 0.1316 | 100 % |" in text, "the settling batch is still shown"

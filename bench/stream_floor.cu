@@ -12,6 +12,8 @@
 //   cast-1      one launch, CTAs of 256 threads, each thread converts U chunks of 8 values
 //               (all loads issued before the first store) to int8 with one scale
 //   cast-3      the same, one launch per tensor (three launches back to back)
+//   cast-kv     cast-1's kernel on K and V only (what remains to stream if Q were quantized
+//               inside the attention kernel for free)
 //   cast-grid   cast-1's work on a persistent grid (k CTAs per SM, grid-stride loop)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,11 +49,11 @@ struct Three {
   uint2* out[3];
 };
 
-// One CTA: U * kThreads consecutive chunks of the concatenation of the three tensors (each
-// `chunks` long), or of tensor `only` when only >= 0.
+// One CTA: U * kThreads consecutive chunks of the concatenation of tensors first ..
+// first + count - 1 (each `chunks` long).
 template <int U>
-__global__ void __launch_bounds__(kThreads) cast_once(Three t, int64_t chunks, int only, float s) {
-  const int64_t total = only >= 0 ? chunks : 3 * chunks;
+__global__ void __launch_bounds__(kThreads) cast_once(Three t, int64_t chunks, int first, int count, float s) {
+  const int64_t total = count * chunks;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * U * kThreads + threadIdx.x;
   uint4 c[U];
   int64_t idx[U];
@@ -59,15 +61,15 @@ __global__ void __launch_bounds__(kThreads) cast_once(Three t, int64_t chunks, i
   for (int u = 0; u < U; ++u) {
     idx[u] = base + static_cast<int64_t>(u) * kThreads;
     if (idx[u] < total) {
-      const int ten = only >= 0 ? only : static_cast<int>(idx[u] / chunks);
-      c[u] = __ldcs(t.in[ten] + (idx[u] - (only >= 0 ? 0 : ten * chunks)));
+      const int k = static_cast<int>(idx[u] / chunks);
+      c[u] = __ldcs(t.in[first + k] + (idx[u] - k * chunks));
     }
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (idx[u] < total) {
-      const int ten = only >= 0 ? only : static_cast<int>(idx[u] / chunks);
-      t.out[ten][idx[u] - (only >= 0 ? 0 : ten * chunks)] = to_s8x8(c[u], s);
+      const int k = static_cast<int>(idx[u] / chunks);
+      t.out[first + k][idx[u] - k * chunks] = to_s8x8(c[u], s);
     }
   }
 }
@@ -176,10 +178,10 @@ int main(int argc, char** argv) {
     const int64_t per = 4 * kThreads;
     read_once<4><<<static_cast<unsigned>((3 * chunks + per - 1) / per), kThreads>>>(t, chunks, sink);
   });
-  auto cast1 = [&](auto u) {
+  auto cast1 = [&](auto u, int first = 0, int count = 3) {
     constexpr int U = decltype(u)::value;
     const int64_t per = static_cast<int64_t>(U) * kThreads;
-    cast_once<U><<<static_cast<unsigned>((3 * chunks + per - 1) / per), kThreads>>>(t, chunks, -1, s);
+    cast_once<U><<<static_cast<unsigned>((count * chunks + per - 1) / per), kThreads>>>(t, chunks, first, count, s);
   };
   timed("cast-1 U=2", in_b + out_b, [&] { cast1(std::integral_constant<int, 2>{}); });
   timed("cast-1 U=4", in_b + out_b, [&] { cast1(std::integral_constant<int, 4>{}); });
@@ -187,8 +189,16 @@ int main(int argc, char** argv) {
   timed("cast-3 U=4", in_b + out_b, [&] {
     const int64_t per = 4 * kThreads;
     for (int i = 0; i < 3; ++i)
-      cast_once<4><<<static_cast<unsigned>((chunks + per - 1) / per), kThreads>>>(t, chunks, i, s);
+      cast_once<4><<<static_cast<unsigned>((chunks + per - 1) / per), kThreads>>>(t, chunks, i, 1, s);
   });
+  for (auto u : {4, 8}) {
+    char name[32];
+    std::snprintf(name, sizeof name, "cast-kv U=%d", u);
+    timed(name, (in_b + out_b) * 2 / 3, [&] {
+      if (u == 4) cast1(std::integral_constant<int, 4>{}, 1, 2);
+      else cast1(std::integral_constant<int, 8>{}, 1, 2);
+    });
+  }
   for (int k : {4, 8}) {
     char name[32];
     std::snprintf(name, sizeof name, "cast-grid %dx U=4", k);

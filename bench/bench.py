@@ -5,9 +5,14 @@
     python bench/bench.py --n 16384 --d 128 --no-causal
     python bench/bench.py --replot bench/results/<run>.json   # redraw a recorded run's PNG
     python bench/bench.py --power 2       # also energy: TOPS per watt, board power, SM clock
+    python bench/bench.py --layout NHD --kv-heads 8   # [B, N, H, D] inputs, 8 K/V heads (GQA)
 
 TOPS = 4*B*H*N^2*D (halved when causal) over the median time of the whole call, quantization
-included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. Each backend's time
+included. B=4, H=32 (B=1 at N=32768), bf16, HND, random normal inputs. ``--layout NHD`` makes
+the inputs [B, N, H, D] tensors: sageattention's functions get ``tensor_layout="NHD"``, SDPA gets
+them as transposed views (its output is left in its own [B, H, N, D] layout: a caller who wants
+NHD back pays a copy on top, not counted). ``--kv-heads G`` gives K and V G heads (GQA; SDPA with
+``enable_gqa=True``); the operation count stays that of the H query heads. Each backend's time
 is the median of ``--repeats`` do_bench medians. The repeats go round the backends, the
 first backend of each round rotating (``--order rotate``, the default), so that no backend
 is always timed right after the others: the H100 runs these kernels at its power cap and
@@ -42,36 +47,47 @@ import sageattention as sa  # noqa: E402
 from power import calls_for  # noqa: E402  (bench/power.py; imports no NVML until used)
 
 
-def _sdpa(backend):
+def sdpa_call(q, k, v, causal, layout="HND"):
+    """F.scaled_dot_product_attention on bench inputs in `layout`: NHD tensors as transposed
+    views, fewer K/V heads than query heads through enable_gqa. Returns SDPA's [B, H, N, D] output."""
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
+
+
+def _sdpa(backend, layout):
     from torch.nn.attention import sdpa_kernel
 
     def run(q, k, v, causal):
         with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return sdpa_call(q, k, v, causal, layout)
 
     return run
 
 
-def backends(selected=None):
+def backends(selected=None, layout="HND"):
+    """name -> fn(q, k, v, causal) for inputs in `layout` (HND or NHD)."""
     from torch.nn.attention import SDPBackend
 
+    lay = {"tensor_layout": layout}
     table = {
-        "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
-        "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
-        "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c),
-        "triton": lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=c),
+        "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION, layout),
+        "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION, layout),
+        "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c, **lay),
+        "triton": lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=c, **lay),
     }
     avail = sa.available_backends()
     for name, base, fn in (
-        ("cuda_fp16", "cuda_fp16", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c)),
+        ("cuda_fp16", "cuda_fp16", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c, **lay)),
         ("cuda_fp16_acc16", "cuda_fp16",
-         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp16+fp32")),
-        ("cuda_fp8", "cuda_fp8", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c)),
+         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp16+fp32", **lay)),
+        ("cuda_fp8", "cuda_fp8", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c, **lay)),
         ("cuda_fp8_acc32", "cuda_fp8",
-         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp32+fp32")),
-        ("cuda_sm90", "cuda_sm90", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c)),
+         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=c, pv_accum_dtype="fp32+fp32", **lay)),
+        ("cuda_sm90", "cuda_sm90", lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c, **lay)),
         ("cuda_sm90_v2", "cuda_sm90",
-         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c, v_fp8_terms=2)),
+         lambda q, k, v, c: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=c, v_fp8_terms=2, **lay)),
     ):
         if base in avail:
             table[name] = fn
@@ -145,16 +161,27 @@ def record(text: str, out, date: str, device: str, what: str) -> Path:
     return path
 
 
-def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", meter=None, power_s=1.0):
+def inputs(b, heads, kv_heads, n, d, layout="HND", device="cuda"):
+    """Random bf16 q, k, v in `layout`: q with `heads` heads, k and v with `kv_heads`."""
+    def one(h):
+        shape = (b, n, h, d) if layout == "NHD" else (b, h, n, d)
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+
+    return one(heads), one(kv_heads), one(kv_heads)
+
+
+def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", meter=None, power_s=1.0,
+        layout="HND", kv_heads=None):
     """The rows of the table; with a `meter` (power.PowerMeter), after the timing rounds of each
     shape every backend also runs back to back for `power_s` seconds under the energy counter."""
     rows = []
-    table = backends(names)
+    table = backends(names, layout)
+    kv_heads = kv_heads or heads
     for d in ds:
         for causal in causals:
             for n in ns:
                 b = 1 if n >= 32768 else batch
-                q, k, v = (torch.randn(b, heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                q, k, v = inputs(b, heads, kv_heads, n, d, layout)
                 ops = 4 * b * heads * n * n * d / (2 if causal else 1)
                 times = {}
                 for name in table:  # first call (compilation, planning) outside the timing
@@ -178,7 +205,8 @@ def run(ns, ds, causals, names, repeats, heads=32, batch=4, order="rotate", mete
                 for name in table:
                     ms = statistics.median(times[name]) if times.get(name) else None
                     tops = ops / (ms * 1e-3) / 1e12 if ms else None
-                    rows.append(dict(d=d, causal=causal, n=n, b=b, h=heads, backend=name, ms=ms, tops=tops,
+                    rows.append(dict(d=d, causal=causal, n=n, b=b, h=heads, hkv=kv_heads, layout=layout,
+                                     backend=name, ms=ms, tops=tops,
                                      repeats_ms=times.get(name), **({"power": power[name]} if name in power else {})))
                     print(f"D={d:<4} causal={int(causal)} N={n:<6} {name:<11} "
                           + (f"{tops:7.1f} TOPS  {ms:8.3f} ms" if tops else "   n/a")
@@ -225,6 +253,15 @@ def power_markdown(rows, names, seconds: float, limit_w: float | None = None) ->
     return text
 
 
+def shapes(rows) -> str:
+    """The inputs of a run in words, e.g. "bf16, B=4, H=32 (B=1 at 32k)" or "bf16, NHD, B=4, H=32,
+    8 K/V heads (B=1 at 32k)" (rows recorded before --layout/--kv-heads existed are HND, MHA)."""
+    r = rows[0] if rows else {}
+    h, hkv, layout = r.get("h", 32), r.get("hkv") or r.get("h", 32), r.get("layout", "HND")
+    return ("bf16, " + (f"{layout}, " if layout != "HND" else "") + f"B=4, H={h}"
+            + (f", {hkv} K/V heads" if hkv != h else "") + " (B=1 at 32k)")
+
+
 def plot(rows, names, path, device=None):
     import matplotlib
 
@@ -245,7 +282,7 @@ def plot(rows, names, path, device=None):
         ax.set_ylabel("TOPS (end to end)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{device or torch.cuda.get_device_name()} - bf16, B=4, H=32 (B=1 at 32k)")
+    fig.suptitle(f"{device or torch.cuda.get_device_name()} - {shapes(rows)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -268,6 +305,10 @@ def main(argv=None):
     ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
                     help="also run each call back to back for SECONDS under the GPU's energy counter (NVML, "
                          "nvidia-ml-py): TOPS per watt, board power and SM clock per shape and backend")
+    ap.add_argument("--layout", choices=["HND", "NHD"], default="HND",
+                    help="inputs as [B, H, N, D] (default) or [B, N, H, D] (sageattention's tensor_layout)")
+    ap.add_argument("--kv-heads", type=int, default=None, metavar="G",
+                    help="K and V heads (GQA; a divisor of the 32 query heads; default 32)")
     ap.add_argument("--tag", default="", help="extra word in the output file names")
     ap.add_argument("--replot", metavar="JSON", help="only draw the PNG of a recorded run, next to its JSON (no GPU)")
     args = ap.parse_args(argv)
@@ -291,7 +332,10 @@ def main(argv=None):
             meter = meter_for_current_gpu()
         except NvmlMissing as exc:
             sys.exit(str(exc))
-    rows = run(ns, args.d, causals, args.backends, args.repeats, order=args.order, meter=meter, power_s=args.power)
+    if args.kv_heads is not None and (args.kv_heads < 1 or 32 % args.kv_heads):
+        sys.exit(f"--kv-heads must divide the 32 query heads, got {args.kv_heads}")
+    rows = run(ns, args.d, causals, args.backends, args.repeats, order=args.order, meter=meter, power_s=args.power,
+               layout=args.layout, kv_heads=args.kv_heads)
     names = list(dict.fromkeys(r["backend"] for r in rows))
     dev = torch.cuda.get_device_name()
     meta = {
@@ -315,7 +359,7 @@ def main(argv=None):
     md = (f"# {dev}, {meta['date']}, commit {meta['commit']}\n\n"
           f"torch {meta['torch']}, CUDA {meta['cuda']}, triton {meta['triton']}; sageattn -> {meta['dispatch']}; "
           f"timing order: {meta['order']}; L2 flush before each call: {meta['flush']}\n\n"
-          f"Command: `{meta['command']}`\n\nTOPS, end to end (quantization included), bf16, B=4, H=32 (B=1 at N=32768):\n\n"
+          f"Command: `{meta['command']}`\n\nTOPS, end to end (quantization included), {shapes(rows)}:\n\n"
           + markdown(rows, names))
     if meter:
         md += "\n" + power_markdown(rows, names, args.power, meter.limit_w)

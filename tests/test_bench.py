@@ -317,3 +317,46 @@ def test_trace_fit_leaves_out_the_settling_batches(monkeypatch):
     text = mod.trace_markdown(rows, 1e12, settle_s=1.0)
     assert "5 batches, from 1 s on, 55-59 °C" in text and "+0.00 % per 10 °C" in text
     assert "| 0.0 | 50.0 | 1600 | 760 | 100.0 | 0.1316 | 100 % |" in text, "the settling batch is still shown"
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_call_reads_the_layout_and_repeats_kv_heads(layout, kv_heads):
+    import torch
+
+    torch.manual_seed(0)
+    q, k, v = (t.float() for t in bench.inputs(2, 4, kv_heads, 8, 16, layout, device="cpu"))
+    assert q.shape == ((2, 8, 4, 16) if layout == "NHD" else (2, 4, 8, 16))
+    assert k.shape[1 if layout == "HND" else 2] == kv_heads
+    out = bench.sdpa_call(q, k, v, True, layout)
+    # by hand: HND, every K/V head serving 4 // kv_heads query heads in a row, causal softmax
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    k, v = (t.repeat_interleave(4 // kv_heads, dim=1) for t in (k, v))
+    s = q @ k.transpose(-1, -2) / 16 ** 0.5
+    s = s.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf"))
+    assert out.shape == (2, 4, 8, 16)
+    assert torch.allclose(out, s.softmax(-1) @ v, atol=1e-5)
+
+
+def test_our_backends_get_the_layout(monkeypatch):
+    seen = {}
+
+    def fake(name):
+        return lambda q, k, v, **kw: seen.setdefault(name, kw)
+
+    monkeypatch.setattr(bench.sa, "sageattn", fake("sageattn"))
+    monkeypatch.setattr(bench.sa, "sageattn_qk_int8_pv_fp8_cuda_sm90", fake("sm90"))
+    monkeypatch.setattr(bench.sa, "available_backends", lambda: ["cuda_sm90"])
+    table = bench.backends(["sageattn", "cuda_sm90", "cuda_sm90_v2"], "NHD")
+    assert sorted(table) == ["cuda_sm90", "cuda_sm90_v2", "sageattn"]
+    table["sageattn"](None, None, None, True)
+    table["cuda_sm90"](None, None, None, False)
+    assert seen["sageattn"] == {"is_causal": True, "tensor_layout": "NHD"}
+    assert seen["sm90"] == {"is_causal": False, "tensor_layout": "NHD"}
+
+
+def test_shapes_in_words():
+    assert bench.shapes([{"h": 32}]) == "bf16, B=4, H=32 (B=1 at 32k)"  # a run recorded before the flags
+    assert bench.shapes([{"h": 32, "hkv": 32, "layout": "HND"}]) == "bf16, B=4, H=32 (B=1 at 32k)"
+    assert bench.shapes([{"h": 32, "hkv": 8, "layout": "NHD"}]) == "bf16, NHD, B=4, H=32, 8 K/V heads (B=1 at 32k)"

@@ -30,7 +30,10 @@ def main() -> None:
     for name, state in dispatch.report(dev).items():
         print(f"  {name:<10} {state}")
     try:
-        print(f"sageattn uses {dispatch.choose(dev).backend}")
+        choice = dispatch.choose(dev)
+        wide = (f" (head dims above {choice.sdpa_above} without return_lse: SDPA, cuDNN first)"
+                if choice.sdpa_above is not None else "")
+        print(f"sageattn uses {choice.backend}{wide}")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
     print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")

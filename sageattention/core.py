@@ -86,6 +86,35 @@ def _(q, k, v, nhd, is_causal, sm_scale, smooth_k, return_lse):
     return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
 
+def _sdpa_order():
+    """SDPA's backends, cuDNN first (torch's own order puts it last); `set_priority` where this
+    torch has it (2.6 on), else the same list, from which torch then picks in its own order."""
+    global _SDPA_CTX
+    if _SDPA_CTX is None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
+        prio = "set_priority" in inspect.signature(sdpa_kernel).parameters
+        _SDPA_CTX = (lambda: sdpa_kernel(order, set_priority=True)) if prio else (lambda: sdpa_kernel(order))
+    return _SDPA_CTX()
+
+
+_SDPA_CTX = None
+
+
+def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale):
+    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.Choice.sdpa_above):
+    same arguments, output contiguous in q's layout like our kernels'."""
+    if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
+        return _empty_result(q, dims, False)
+    qh, kh, vh = (_hnd(t, tensor_layout) for t in (q, k, v))
+    gqa = {"enable_gqa": True} if dims.heads_kv != dims.heads_q else {}
+    with _sdpa_order():
+        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, **gqa)
+    return _hnd(o, tensor_layout).contiguous()
+
+
 class _nullctx:
     def __enter__(self):
         return self
@@ -110,6 +139,9 @@ def sageattn(
 ):
     """Quantized attention with the fastest kernel available for the GPU.
 
+    On Hopper (sm90), head dims above 128 without ``return_lse`` go to SDPA (cuDNN first):
+    every kernel of ours is 2-4x slower than cuDNN there (README, "Supported GPUs").
+
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
     inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or
     ``[B, N, H, D]`` (``"NHD"``); ``Hq`` a multiple of ``Hkv`` (GQA/MQA); D from 1 to 256;
@@ -122,7 +154,9 @@ def sageattn(
     fn = "sageattn"
     dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     C.refuse_mask(fn, kw.attn_mask)
-    backend, options = dispatch.chosen(q.device)
+    backend, options, sdpa_above = dispatch.chosen(q.device)
+    if dispatch.goes_to_sdpa(sdpa_above, dims.head_dim, return_lse):
+        return _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale)
     if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
     # the chosen kernel function's pipeline with that function's defaults and dispatch's options,

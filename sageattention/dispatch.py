@@ -44,13 +44,23 @@ BACKENDS: Dict[str, Backend] = {
 class Choice:
     backend: str
     options: Dict[str, str] = field(default_factory=dict)
+    #: head dims above this go to SDPA instead (calls without return_lse): where every kernel
+    #: of ours is far slower there than SDPA's (None: never)
+    sdpa_above: Optional[int] = None
 
 
 _FP16 = Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"})
 _FP8_SM89 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"})
 _FP8_SM120 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"})
-_SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"})
 _TRITON = Choice("triton")
+# Hopper: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the
+# fp16 one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 on an H100 (N 1k-16k,
+# bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md), so sageattn gives those head
+# dims to SDPA, cuDNN first (core._run_sdpa).
+SDPA_ABOVE_SM90 = 128
+_SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"}, SDPA_ABOVE_SM90)
+_TRITON_SM90 = Choice("triton", sdpa_above=SDPA_ABOVE_SM90)
+_FP16_SM90 = Choice("cuda_fp16", _FP16.options, SDPA_ABOVE_SM90)
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
@@ -61,7 +71,7 @@ PREFERENCE: Dict[Tuple[int, int], Tuple[Choice, ...]] = {
     (8, 6): (_FP16, _TRITON),
     (8, 7): (_FP16, _TRITON),
     (8, 9): (_FP8_SM89, _TRITON),
-    (9, 0): (_SM90, _TRITON, _FP16),
+    (9, 0): (_SM90, _TRITON_SM90, _FP16_SM90),
     (12, 0): (_FP8_SM120, _TRITON),
     (12, 1): (_FP8_SM120, _TRITON),
 }
@@ -210,8 +220,14 @@ def choose(device: torch.device) -> Choice:
 
 
 @torch.compiler.assume_constant_result
-def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...]]:
-    """``choose`` as constants (backend name, option pairs): torch.compile folds the decision
-    into the graph instead of tracing the environment checks behind it."""
+def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Optional[int]]:
+    """``choose`` as constants (backend name, option pairs, sdpa_above): torch.compile folds
+    the decision into the graph instead of tracing the environment checks behind it."""
     c = choose(device)
-    return c.backend, tuple(sorted(c.options.items()))
+    return c.backend, tuple(sorted(c.options.items())), c.sdpa_above
+
+
+def goes_to_sdpa(sdpa_above: Optional[int], head_dim: int, return_lse: bool) -> bool:
+    """Whether ``sageattn`` hands this call to SDPA: a head dim above the choice's limit, and
+    no LSE asked for (SDPA's public function returns none; those calls keep our kernel)."""
+    return sdpa_above is not None and head_dim > sdpa_above and not return_lse

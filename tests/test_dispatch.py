@@ -48,6 +48,58 @@ def test_sm90_prefers_the_wgmma_kernel_then_triton_then_mma_sync_fp16():
     assert choice.backend == "cuda_fp16" and skipped == "cuda_sm90"
 
 
+@pytest.mark.parametrize("avail", [ALL, ["triton", "cuda_fp16"], ["cuda_fp16"]], ids=["all", "no-sm90", "fp16"])
+def test_hopper_gives_wide_heads_to_sdpa_whichever_kernel_is_chosen(avail):
+    """On sm90 every kernel of ours is 2-4x slower than cuDNN above D=128 (the D=256 run in
+    bench/results), so each sm90 choice names 128; the other GPUs keep their kernels."""
+    choice, _ = select((9, 0), avail)
+    assert choice.sdpa_above == 128
+    for cap in PREFERENCE:
+        if cap != (9, 0):
+            assert all(c.sdpa_above is None for c in PREFERENCE[cap]), cap
+
+
+@pytest.mark.parametrize("above,d,lse,want", [
+    (128, 129, False, True), (128, 256, False, True), (128, 128, False, False), (128, 64, False, False),
+    (128, 256, True, False),  # the LSE: SDPA's public function returns none, our kernel runs
+    (None, 256, False, False),
+])
+def test_goes_to_sdpa(above, d, lse, want):
+    assert dispatch.goes_to_sdpa(above, d, lse) is want
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sageattn_hands_wide_heads_to_sdpa(monkeypatch, layout, causal):
+    """sageattn on a GPU whose choice names sdpa_above: SDPA's output for a wide head (in q's
+    layout, contiguous, GQA and the scale passed on); with return_lse, or a narrow head, the
+    chosen kernel's pipeline. Run on the CPU: the choice is faked, SDPA runs on CPU tensors."""
+    from sageattention import core
+
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (("pv_accum_dtype", "fp32+fp32"),), 128))
+    ran = []
+    monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: ran.append((fn, module, q.shape[-1])) or "kernel")
+    g = torch.Generator().manual_seed(3)
+
+    def t(h, d):
+        shape = (2, h, 33, d) if layout == "HND" else (2, 33, h, d)
+        return torch.randn(*shape, generator=g, dtype=torch.bfloat16)
+
+    q, k, v = t(4, 160), t(2, 160), t(2, 160)
+    o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal, scale=0.07)
+    assert ran == [] and o.shape == q.shape and o.dtype == q.dtype and o.is_contiguous()
+    hnd = (lambda x: x) if layout == "HND" else (lambda x: x.transpose(1, 2))
+    kr, vr = (hnd(x).float().repeat_interleave(2, dim=1) for x in (k, v))
+    s = hnd(q).float() @ kr.transpose(-1, -2) * 0.07
+    if causal:
+        s = s.masked_fill(torch.ones(33, 33, dtype=torch.bool).triu(1), float("-inf"))
+    assert torch.allclose(hnd(o).float(), s.softmax(-1) @ vr, atol=2e-2)
+    assert sa.sageattn(q, k, v, tensor_layout=layout, return_lse=True) == "kernel"
+    q2, k2, v2 = t(4, 128), t(2, 128), t(2, 128)
+    assert sa.sageattn(q2, k2, v2, tensor_layout=layout) == "kernel"
+    assert [r[2] for r in ran] == [160, 128]
+
+
 @pytest.mark.parametrize("cap,name", [((7, 5), "Tesla T4"), ((7, 0), "Tesla V100"), ((6, 1), "GTX 1080")])
 def test_old_gpus_are_refused_by_name(cap, name):
     with pytest.raises(UnsupportedGPUError) as info:

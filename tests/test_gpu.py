@@ -50,10 +50,13 @@ FUNCS = _functions()
 FP8_VS_FP32 = {"cos": 0.998, "l1": 0.06}
 
 
-def _backend(fn, device):
-    """(backend, options) that ``fn`` runs on ``device``."""
+def _backend(fn, device, d=None, lse=False):
+    """(backend, options) that ``fn`` runs on ``device`` (at head dim ``d``, with or without the
+    LSE: ``sageattn`` hands some calls to SDPA, backend "sdpa")."""
     if fn == "sageattn":
         choice = dispatch.choose(device)
+        if d is not None and dispatch.goes_to_sdpa(choice.sdpa_above, d, lse):
+            return "sdpa", {}
         backend, options = choice.backend, choice.options
     else:
         backend, options = fn, {}
@@ -61,13 +64,14 @@ def _backend(fn, device):
     return backend, dict(defaults, **options)
 
 
-def _fp32_bars(fn, device):
-    return FP8_VS_FP32 if _backend(fn, device)[0] in FP8_BACKENDS else {}
+def _fp32_bars(fn, device, d=None, lse=False):
+    return FP8_VS_FP32 if _backend(fn, device, d, lse)[0] in FP8_BACKENDS else {}
 
 
-def _reference_config(fn, d, dtype, device, n_k):
-    """The reference configuration of what ``fn`` computes, for the tight comparison."""
-    backend, opts = _backend(fn, device)
+def _reference_config(fn, d, dtype, device, n_k, lse=False):
+    """The reference configuration of what ``fn`` computes, for the tight comparison (None:
+    no quantized pipeline to compare with)."""
+    backend, opts = _backend(fn, device, d, lse)
     if backend == "triton":
         return st.config_for(d, dtype, device, n_k).reference(dtype)
     if backend in CUDA_BACKENDS:
@@ -93,12 +97,12 @@ def test_grid(fn, dtype, layout, causal, d, n, gqa, cross, lse):
     o, lse_out = out if lse else (out, None)
     assert o.shape == q.shape and o.dtype == dtype
     assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout), fn,
-                         **_fp32_bars(fn, q.device))
-    cfg = _reference_config(fn, d, dtype, q.device, nk)
+                         **_fp32_bars(fn, q.device, d, lse))
+    cfg = _reference_config(fn, d, dtype, q.device, nk, lse)
     if cfg is not None:
         ref = attention_quantized(q, k, v, layout, causal, None, lse, cfg)
         ro, rl = ref if lse else (ref, None)
-        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device)[0] in FP8_BACKENDS)
+        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device, d, lse)[0] in FP8_BACKENDS)
         if lse:
             assert_lse_close_to_reference(lse_out, rl)
     if lse:
@@ -117,13 +121,15 @@ def test_long_sequences(fn, dtype, causal, d, lse):
     q, k, v = make_qkv(1, 2, 1, n, n, d, dtype, "HND", "cuda", k_bias=1.0, seed=d)
     out = FUNCS[fn](q, k, v, is_causal=causal, return_lse=lse)
     o, lse_out = out if lse else (out, None)
-    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), fn, **_fp32_bars(fn, q.device))
+    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), fn, **_fp32_bars(fn, q.device, d, lse))
     if fn == "triton":
         assert st.config_for(d, dtype, q.device, n).block_n == (128 if d <= 128 else 64)
-    cfg = _reference_config(fn, d, dtype, q.device, n)
+    cfg = _reference_config(fn, d, dtype, q.device, n, lse)
+    if cfg is None:  # sageattn handed the call to SDPA: the fp32 comparison above is the test
+        return
     ref = attention_quantized(q, k, v, "HND", causal, None, lse, cfg)
     ro, rl = ref if lse else (ref, None)
-    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device)[0] in FP8_BACKENDS)
+    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device, d, lse)[0] in FP8_BACKENDS)
     if lse:
         assert_lse_close_to_reference(lse_out, rl)
 
@@ -252,6 +258,31 @@ def test_other_device_index_does_not_change_current_device():
     o = sa.sageattn(q, k, v)
     assert o.device == q.device and torch.cuda.current_device() == before
     assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND"))
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("d", [160, 256])
+def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
+    """On sm90, head dims above 128 without return_lse run SDPA (cuDNN first), with the LSE
+    our kernel; elsewhere sageattn keeps its kernel (the results must differ from SDPA's)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = make_qkv(2, 4, 2, 300, 300, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
+    o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05)
+    assert o.shape == q.shape and o.is_contiguous()
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH], set_priority=True):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            hnd(q, layout), hnd(k, layout), hnd(v, layout), is_causal=True, scale=0.05, enable_gqa=True)
+    sdpa_here = torch.cuda.get_device_capability() == (9, 0)
+    assert torch.equal(hnd(o, layout), ref) == sdpa_here
+    if sdpa_here:  # the hand-over traces whole, like the kernels' custom ops
+        compiled = torch.compile(sa.sageattn, fullgraph=True)
+        assert torch.equal(compiled(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05), o)
+    o_lse, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05, return_lse=True)
+    assert not torch.equal(hnd(o_lse, layout), ref), "with return_lse the quantized kernel runs"
+    assert_close_to_fp32(hnd(o_lse, layout), hnd(sdpa_fp32(q, k, v, layout, True, scale=0.05), layout),
+                         **FP8_VS_FP32)
 
 
 def test_dispatch_on_this_gpu():

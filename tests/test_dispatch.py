@@ -76,6 +76,7 @@ def test_sageattn_hands_wide_heads_to_sdpa(monkeypatch, layout, causal):
     chosen kernel's pipeline. Run on the CPU: the choice is faked, SDPA runs on CPU tensors."""
     from sageattention import core
 
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check (also on a GPU machine)
     monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (("pv_accum_dtype", "fp32+fp32"),), 128))
     ran = []
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: ran.append((fn, module, q.shape[-1])) or "kernel")

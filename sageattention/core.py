@@ -12,6 +12,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _checks as C
 from . import dispatch
@@ -86,31 +87,21 @@ def _(q, k, v, nhd, is_causal, sm_scale, smooth_k, return_lse):
     return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
 
-def _sdpa_order():
-    """SDPA's backends, cuDNN first (torch's own order puts it last); `set_priority` where this
-    torch has it (2.6 on), else the same list, from which torch then picks in its own order."""
-    global _SDPA_CTX
-    if _SDPA_CTX is None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                 SDPBackend.MATH]
-        prio = "set_priority" in inspect.signature(sdpa_kernel).parameters
-        _SDPA_CTX = (lambda: sdpa_kernel(order, set_priority=True)) if prio else (lambda: sdpa_kernel(order))
-    return _SDPA_CTX()
-
-
-_SDPA_CTX = None
+# SDPA's backends for sageattn's hand-over, cuDNN first (torch's own order puts it last), with
+# set_priority where this torch has it (2.6 on; before, torch picks from the list in its own
+# order). Decided at import, so torch.compile traces a plain context manager.
+_SDPA_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_SDPA_PRIORITY = {"set_priority": True} if "set_priority" in inspect.signature(sdpa_kernel).parameters else {}
 
 
 def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale):
-    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.Choice.sdpa_above):
+    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.SDPA_ABOVE):
     same arguments, output contiguous in q's layout like our kernels'."""
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, False)
     qh, kh, vh = (_hnd(t, tensor_layout) for t in (q, k, v))
     gqa = {"enable_gqa": True} if dims.heads_kv != dims.heads_q else {}
-    with _sdpa_order():
+    with sdpa_kernel(_SDPA_ORDER, **_SDPA_PRIORITY):
         o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, **gqa)
     return _hnd(o, tensor_layout).contiguous()
 

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -44,23 +44,23 @@ BACKENDS: Dict[str, Backend] = {
 class Choice:
     backend: str
     options: Dict[str, str] = field(default_factory=dict)
-    #: head dims above this go to SDPA instead (calls without return_lse): where every kernel
-    #: of ours is far slower there than SDPA's (None: never)
+    #: head dims above this go to SDPA instead (calls without return_lse); set by select from
+    #: SDPA_ABOVE (None: never)
     sdpa_above: Optional[int] = None
 
 
 _FP16 = Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"})
 _FP8_SM89 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_thread"})
 _FP8_SM120 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran": "per_warp"})
+_SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"})
 _TRITON = Choice("triton")
-# Hopper: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the
-# fp16 one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 on an H100 (N 1k-16k,
-# bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md), so sageattn gives those head
-# dims to SDPA, cuDNN first (core._run_sdpa).
-SDPA_ABOVE_SM90 = 128
-_SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"}, SDPA_ABOVE_SM90)
-_TRITON_SM90 = Choice("triton", sdpa_above=SDPA_ABOVE_SM90)
-_FP16_SM90 = Choice("cuda_fp16", _FP16.options, SDPA_ABOVE_SM90)
+
+#: Per compute capability, the head dim above which ``sageattn`` hands a call (without
+#: return_lse) to SDPA, cuDNN first (core._run_sdpa), whichever kernel of ours was chosen.
+#: sm90: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the fp16
+#: one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 on an H100 (N 1k-16k,
+#: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md). Other GPUs: not measured.
+SDPA_ABOVE: Dict[Tuple[int, int], int] = {(9, 0): 128}
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
@@ -71,7 +71,7 @@ PREFERENCE: Dict[Tuple[int, int], Tuple[Choice, ...]] = {
     (8, 6): (_FP16, _TRITON),
     (8, 7): (_FP16, _TRITON),
     (8, 9): (_FP8_SM89, _TRITON),
-    (9, 0): (_SM90, _TRITON_SM90, _FP16_SM90),
+    (9, 0): (_SM90, _TRITON, _FP16),
     (12, 0): (_FP8_SM120, _TRITON),
     (12, 1): (_FP8_SM120, _TRITON),
 }
@@ -153,7 +153,7 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
     for choice in prefs:
         if choice.backend in available:
             skipped = prefs[0].backend if choice is not prefs[0] else None
-            return choice, skipped
+            return replace(choice, sdpa_above=SDPA_ABOVE.get(tuple(capability))), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
         f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "

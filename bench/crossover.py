@@ -1,0 +1,135 @@
+"""Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
+
+    python bench/crossover.py [--set square rect] [--repeats 3] [--out bench/results]
+
+For each shape (B, H, Nq, Nk, D, causal) the GPU time of:
+  - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
+    with dispatch's options, quantization included), whatever sageattn would do with the shape;
+  - sdpa_cudnn, sdpa_flash: F.scaled_dot_product_attention on one backend;
+  - sageattn: the public function as it routes today.
+Times are do_bench medians (bench.py's time_ms: L2 written over before each call) of calls
+issued back to back, so a call whose host work exceeds its GPU work measures its host time, as
+it would in an eager loop. Sets: ``square`` (Nq = Nk from 512 to 4096, D 64 and 128, causal and
+not, B x H 4 x 32 and 1 x 16) and ``rect`` (D=128, non-causal, B x H 2 x 24: short Nq against
+long Nk, as in chunked prefill, and long Nq against short Nk, as in a video model's
+cross-attention to its text tokens). Writes the Markdown table and JSON into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import bench as B  # bench/bench.py: time_ms, rounds, record, sdpa helpers
+
+sa = B.sa
+
+SQUARE_N = (512, 1024, 1536, 2048, 3072, 4096)
+SQUARE_BH = ((4, 32), (1, 16))
+RECT = ((64, 4096), (256, 4096), (1024, 4096), (256, 16384), (1024, 16384), (4096, 16384),
+        (4096, 512), (16384, 512), (32768, 512), (16384, 1024), (16384, 2048))
+
+
+def shapes(sets):
+    """(b, h, nq, nk, d, causal) of the chosen sets."""
+    out = []
+    if "square" in sets:
+        for d in (128, 64):
+            for causal in (False, True):
+                for b, h in SQUARE_BH:
+                    out += [(b, h, n, n, d, causal) for n in SQUARE_N]
+    if "rect" in sets:
+        out += [(2, 24, nq, nk, 128, False) for nq, nk in RECT]
+    return out
+
+
+def kernel_call(device):
+    """The quantized function sageattn's dispatch picks on `device`, with the choice's options."""
+    from sageattention import dispatch
+
+    choice = dispatch.choose(device)
+    fn = getattr(sa, dispatch.BACKENDS[choice.backend].function)
+    opts = dict(choice.options)
+    return choice.backend, lambda q, k, v, c: fn(q, k, v, is_causal=c, **opts)
+
+
+def calls(device):
+    name, kernel = kernel_call(device)
+    sdpa = B.backends(["sdpa_cudnn", "sdpa_flash"])
+    return name, {"kernel": kernel, **sdpa, "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c)}
+
+
+def run(sets, repeats):
+    dev = torch.device("cuda")
+    kname, table = calls(dev)
+    rows = []
+    for b, h, nq, nk, d, causal in shapes(sets):
+        q = torch.randn(b, h, nq, d, device=dev, dtype=torch.bfloat16)
+        k, v = (torch.randn(b, h, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        ok = {}
+        for name, fn in table.items():  # first call (compilation, cuDNN plans) untimed
+            try:
+                fn(q, k, v, causal)
+                ok[name] = []
+            except Exception as exc:
+                print(f"  {name} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+        torch.cuda.synchronize()
+        for name in B.rounds(list(ok), repeats, "rotate"):
+            ok[name].append(B.time_ms(lambda: table[name](q, k, v, causal)))
+        us = {n: 1e3 * statistics.median(t) for n, t in ok.items()}
+        # causal (top-left): query i sees keys 0..i, so nq*nk/2 pairs when nq == nk
+        pairs = nq * nk / 2 if causal else nq * nk
+        row = dict(b=b, h=h, nq=nq, nk=nk, d=d, causal=causal, us=us, repeats_ms=ok,
+                   tops={n: 4 * b * h * pairs * d / (t * 1e-6) / 1e12 for n, t in us.items()})
+        rows.append(row)
+        best = min(("sdpa_cudnn", "sdpa_flash"), key=lambda n: us.get(n, float("inf")))
+        print(f"{b}x{h} Nq={nq:<6} Nk={nk:<6} D={d:<4} causal={int(causal)}  "
+              + "  ".join(f"{n} {t:9.1f}" for n, t in us.items())
+              + f"  kernel/{best} {us['kernel'] / us[best]:.2f}", flush=True)
+        del q, k, v
+    return kname, rows
+
+
+def markdown(kname, rows, repeats):
+    names = ["kernel", "sdpa_cudnn", "sdpa_flash", "sageattn"]
+    lines = [
+        f"Kernel: `{kname}` with sageattn's options. µs: median of {repeats} do_bench medians; "
+        "ratio: kernel time over the faster SDPA backend's (> 1: SDPA faster).",
+        "",
+        "| B x H | Nq | Nk | D | causal | " + " | ".join(f"{n} µs" for n in names)
+        + " | kernel / best SDPA | kernel TOPS | cuDNN TOPS |",
+        "|---" * (len(names) + 8) + "|",
+    ]
+    for r in rows:
+        us = r["us"]
+        best = min(us.get("sdpa_cudnn", float("inf")), us.get("sdpa_flash", float("inf")))
+        cells = [f"{us[n]:.1f}" if n in us else "n/a" for n in names]
+        lines.append(f"| {r['b']}x{r['h']} | {r['nq']} | {r['nk']} | {r['d']} | {int(r['causal'])} | "
+                     + " | ".join(cells)
+                     + f" | {us['kernel'] / best:.2f} | {r['tops']['kernel']:.0f} | {r['tops'].get('sdpa_cudnn', 0):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--set", nargs="*", default=["square", "rect"], choices=["square", "rect"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    date, device = B.utc_now(), torch.cuda.get_device_name()
+    kname, rows = run(args.set, args.repeats)
+    text = (f"# Crossover: quantized kernel against SDPA ({device}, {date})\n\n"
+            f"Command: `python bench/crossover.py --set {' '.join(args.set)} --repeats {args.repeats}` "
+            f"(commit {B.commit()}, torch {torch.__version__}).\n\n" + markdown(kname, rows, args.repeats))
+    path = B.record(text, args.out, date, device, "crossover")
+    path.with_suffix(".json").write_text(json.dumps(dict(device=device, date=date, commit=B.commit(), rows=rows),
+                                                    indent=1))
+
+
+if __name__ == "__main__":
+    main()

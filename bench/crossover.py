@@ -1,8 +1,8 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect] [--repeats 3] [--out bench/results]
+    python bench/crossover.py [--set square rect check] [--repeats 3] [--out bench/results]
 
-For each shape (B, H, Nq, Nk, D, causal) the GPU time of:
+For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
   - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
     with dispatch's options, quantization included), whatever sageattn would do with the shape;
   - sdpa_cudnn, sdpa_flash: F.scaled_dot_product_attention on one backend;
@@ -12,7 +12,9 @@ issued back to back, so a call whose host work exceeds its GPU work measures its
 it would in an eager loop. Sets: ``square`` (Nq = Nk from 512 to 4096, D 64 and 128, causal and
 not, B x H 4 x 32 and 1 x 16) and ``rect`` (D=128, non-causal, B x H 2 x 24: short Nq against
 long Nk, as in chunked prefill, and long Nq against short Nk, as in a video model's
-cross-attention to its text tokens). Writes the Markdown table and JSON into --out.
+cross-attention to its text tokens) were measured to set sageattn's short-call limits on sm90
+(dispatch.SDPA_SHORT); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
+limits on. Writes the Markdown table and JSON into --out.
 """
 
 from __future__ import annotations
@@ -33,18 +35,31 @@ SQUARE_N = (512, 1024, 1536, 2048, 3072, 4096)
 SQUARE_BH = ((4, 32), (1, 16))
 RECT = ((64, 4096), (256, 4096), (1024, 4096), (256, 16384), (1024, 16384), (4096, 16384),
         (4096, 512), (16384, 512), (32768, 512), (16384, 1024), (16384, 2048))
+# (b, h, h_kv, nq, nk, d, causal), none of them in the two sets above
+CHECK = (
+    [(2, 24, 24, n, n, 128, c) for c in (False, True) for n in (1024, 2048, 3072, 4096)]
+    + [(1, 32, 32, n, n, 128, c) for c in (False, True) for n in (2048, 4096, 8192)]
+    + [(1, 16, 16, 8192, 8192, d, c) for d in (128, 64) for c in (False, True)]
+    + [(8, 16, 16, n, n, 128, False) for n in (1024, 2048)]
+    + [(4, 32, 32, n, n, 96, c) for c in (False, True) for n in (2048, 3072)]
+    + [(4, 32, 8, n, n, 128, c) for c in (False, True) for n in (1024, 2048, 4096)]
+    + [(2, 24, 24, nq, nk, 128, False) for nq, nk in ((512, 8192), (2048, 8192), (8192, 768), (8192, 4096),
+                                                       (32768, 1024))]
+)
 
 
 def shapes(sets):
-    """(b, h, nq, nk, d, causal) of the chosen sets."""
+    """(b, h, h_kv, nq, nk, d, causal) of the chosen sets."""
     out = []
     if "square" in sets:
         for d in (128, 64):
             for causal in (False, True):
                 for b, h in SQUARE_BH:
-                    out += [(b, h, n, n, d, causal) for n in SQUARE_N]
+                    out += [(b, h, h, n, n, d, causal) for n in SQUARE_N]
     if "rect" in sets:
-        out += [(2, 24, nq, nk, 128, False) for nq, nk in RECT]
+        out += [(2, 24, 24, nq, nk, 128, False) for nq, nk in RECT]
+    if "check" in sets:
+        out += CHECK
     return out
 
 
@@ -64,13 +79,22 @@ def calls(device):
     return name, {"kernel": kernel, **sdpa, "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c)}
 
 
+def route(device, b, h, hkv, nq, nk, d, causal):
+    """Where sageattn sends the call: "sdpa" or "kernel"."""
+    from sageattention import dispatch
+    from sageattention._checks import Dims
+
+    _, _, above, short = dispatch.chosen(device)
+    return "sdpa" if dispatch.goes_to_sdpa(above, short, Dims(b, h, hkv, nq, nk, d), causal, False) else "kernel"
+
+
 def run(sets, repeats):
     dev = torch.device("cuda")
     kname, table = calls(dev)
     rows = []
-    for b, h, nq, nk, d, causal in shapes(sets):
+    for b, h, hkv, nq, nk, d, causal in shapes(sets):
         q = torch.randn(b, h, nq, d, device=dev, dtype=torch.bfloat16)
-        k, v = (torch.randn(b, h, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(b, hkv, nk, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
         ok = {}
         for name, fn in table.items():  # first call (compilation, cuDNN plans) untimed
             try:
@@ -84,13 +108,14 @@ def run(sets, repeats):
         us = {n: 1e3 * statistics.median(t) for n, t in ok.items()}
         # causal (top-left): query i sees keys 0..i, so nq*nk/2 pairs when nq == nk
         pairs = nq * nk / 2 if causal else nq * nk
-        row = dict(b=b, h=h, nq=nq, nk=nk, d=d, causal=causal, us=us, repeats_ms=ok,
+        row = dict(b=b, h=h, hkv=hkv, nq=nq, nk=nk, d=d, causal=causal, us=us, repeats_ms=ok,
+                   route=route(dev, b, h, hkv, nq, nk, d, causal),
                    tops={n: 4 * b * h * pairs * d / (t * 1e-6) / 1e12 for n, t in us.items()})
         rows.append(row)
         best = min(("sdpa_cudnn", "sdpa_flash"), key=lambda n: us.get(n, float("inf")))
-        print(f"{b}x{h} Nq={nq:<6} Nk={nk:<6} D={d:<4} causal={int(causal)}  "
+        print(f"{b}x{h}/{hkv} Nq={nq:<6} Nk={nk:<6} D={d:<4} causal={int(causal)}  "
               + "  ".join(f"{n} {t:9.1f}" for n, t in us.items())
-              + f"  kernel/{best} {us['kernel'] / us[best]:.2f}", flush=True)
+              + f"  kernel/{best} {us['kernel'] / us[best]:.2f} route {row['route']}", flush=True)
         del q, k, v
     return kname, rows
 
@@ -99,25 +124,27 @@ def markdown(kname, rows, repeats):
     names = ["kernel", "sdpa_cudnn", "sdpa_flash", "sageattn"]
     lines = [
         f"Kernel: `{kname}` with sageattn's options. µs: median of {repeats} do_bench medians; "
-        "ratio: kernel time over the faster SDPA backend's (> 1: SDPA faster).",
+        "ratio: kernel time over the faster SDPA backend's (> 1: SDPA faster); route: where this "
+        "commit's sageattn sends the call (dispatch.goes_to_sdpa).",
         "",
-        "| B x H | Nq | Nk | D | causal | " + " | ".join(f"{n} µs" for n in names)
-        + " | kernel / best SDPA | kernel TOPS | cuDNN TOPS |",
-        "|---" * (len(names) + 8) + "|",
+        "| B x H (/ H_kv) | Nq | Nk | D | causal | " + " | ".join(f"{n} µs" for n in names)
+        + " | kernel / best SDPA | route | kernel TOPS | cuDNN TOPS |",
+        "|---" * (len(names) + 9) + "|",
     ]
     for r in rows:
         us = r["us"]
         best = min(us.get("sdpa_cudnn", float("inf")), us.get("sdpa_flash", float("inf")))
         cells = [f"{us[n]:.1f}" if n in us else "n/a" for n in names]
-        lines.append(f"| {r['b']}x{r['h']} | {r['nq']} | {r['nk']} | {r['d']} | {int(r['causal'])} | "
+        heads = f"{r['b']}x{r['h']}" + (f" / {r['hkv']}" if r.get("hkv", r["h"]) != r["h"] else "")
+        lines.append(f"| {heads} | {r['nq']} | {r['nk']} | {r['d']} | {int(r['causal'])} | "
                      + " | ".join(cells)
-                     + f" | {us['kernel'] / best:.2f} | {r['tops']['kernel']:.0f} | {r['tops'].get('sdpa_cudnn', 0):.0f} |")
+                     + f" | {us['kernel'] / best:.2f} | {r.get('route', '')} | {r['tops']['kernel']:.0f} | {r['tops'].get('sdpa_cudnn', 0):.0f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", nargs="*", default=["square", "rect"], choices=["square", "rect"])
+    ap.add_argument("--set", nargs="*", default=["square", "rect"], choices=["square", "rect", "check"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -3,13 +3,14 @@
     python bench/prof_short.py [--n 1024 2048 4096] [--d 128 64] [--timeline]
 
 For each shape it prints, in microseconds:
-  - the end-to-end GPU time (do_bench median) of sageattn, of the sm90 function and of cuDNN;
+  - the end-to-end GPU time (do_bench median) of sageattn (on an H100 it hands calls this
+    short to SDPA: dispatch.SDPA_SHORT), of the sm90 function and of cuDNN;
   - each stage of the sm90 pipeline alone (do_bench on prepared inputs): the separate
     quantization ops, and quant_qkv, which replaces them (its kernels also profiled);
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
     queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
 A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
-With --timeline, also each kernel of one sageattn call with its start and end (profiler), and
+With --timeline, also each kernel of one sm90 function call with its start and end (profiler), and
 the same for quant_qkv alone and the attention kernel alone.
 """
 
@@ -113,7 +114,7 @@ def main() -> None:
     ap.add_argument("--d", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=32)
-    ap.add_argument("--timeline", action="store_true", help="also print the kernels' start and end: one sageattn call, quant_qkv alone, attn alone")
+    ap.add_argument("--timeline", action="store_true", help="also print the kernels' start and end: one sm90 function call, quant_qkv alone, attn alone")
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, B={args.b} H={args.h} bf16 HND, non-causal")
     print("| D | N | what | GPU µs | host µs/call | TOPS (GPU) |")
@@ -138,9 +139,9 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a profiler problem must not lose the table
                 print(f"# profiler breakdown failed: {exc!r}")
             if args.timeline:
-                # one sageattn call, and its two ops each alone: the spans the GPU's own clock
-                # gives them, to set beside the do_bench rows above
-                for what in ("sageattn", "quant_qkv", "attn"):
+                # one call of the sm90 function, and its two ops each alone: the spans the GPU's
+                # own clock gives them, to set beside the do_bench rows above
+                for what in ("sm90 function", "quant_qkv", "attn"):
                     try:
                         for kname, a, b in timeline(rows[what]):
                             print(f"# D={d} N={n} {what} timeline: {a:8.1f} .. {b:8.1f} µs  {kname[:70]}", flush=True)

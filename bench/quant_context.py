@@ -3,7 +3,7 @@
     python bench/quant_context.py [--n 1024] [--d 128] [--reps 300]
 
 Why: do_bench gives quant_qkv alone ~69 µs at 1k (D=128, B=4, H=32), while the profiler's
-timeline of one sageattn call shows the same kernels spanning ~80 µs, and the sum of the two
+timeline of one call of the sm90 function shows the same kernels spanning ~80 µs, and the sum of the two
 ops alone falls ~12 µs short of the call (bench/NOTES.md). This script runs the op in loops
 that differ only in what else each round does, and reports per loop, from the profiler's
 kernel records of the last third of the rounds (medians, µs):
@@ -14,7 +14,8 @@ Loops (each round starts with a 256 MiB write meant to evict L2, as do_bench's):
   alone   quant_qkv
   read    quant_qkv, then a read of another 256 MiB (a sum: memory traffic, little power)
   matmul  quant_qkv, then 20 small fp16 matmuls (tensor-core power, a 6 MiB footprint)
-  call    sageattn (quant_qkv, then the attention kernel on its outputs)
+  call    the sm90 function (quant_qkv, then the attention kernel on its outputs; sageattn
+          itself hands calls this short to SDPA since the short-call rule, dispatch.SDPA_SHORT)
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def main() -> None:
                 "alone": lambda: (flush.zero_(), quant(), torch.cuda._sleep(SPIN)),
                 "read": lambda: (flush.zero_(), quant(), torch.cuda._sleep(SPIN), other.sum(dtype=torch.int32)),
                 "matmul": lambda: (flush.zero_(), quant(), torch.cuda._sleep(SPIN), burn()),
-                "call": lambda: (flush.zero_(), sa.sageattn(q, k, v), torch.cuda._sleep(SPIN)),
+                "call": lambda: (flush.zero_(), sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v), torch.cuda._sleep(SPIN)),
             }
             for _ in range(2):  # two passes: the clock's state carries from one loop to the next
                 for name, fn in loops.items():

@@ -31,9 +31,14 @@ def main() -> None:
         print(f"  {name:<10} {state}")
     try:
         choice = dispatch.choose(dev)
-        wide = (f" (head dims above {choice.sdpa_above} without return_lse: SDPA, cuDNN first)"
-                if choice.sdpa_above is not None else "")
-        print(f"sageattn uses {choice.backend}{wide}")
+        print(f"sageattn uses {choice.backend}")
+        if choice.sdpa_above is not None:
+            print(f"  head dims above {choice.sdpa_above} without return_lse: SDPA, cuDNN first")
+        if choice.sdpa_short is not None:
+            s = choice.sdpa_short
+            print(f"  short calls without return_lse: SDPA, cuDNN first (L = 3 Nq Nk / (Nq + 2 Nk) below "
+                  f"{s.length}, causal {s.length_causal} ({s.length_causal_d64} at D <= 64), "
+                  f"or B*H*Nq*Nk below {s.pairs:.1e}, halved when causal)")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
     print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")

@@ -95,7 +95,7 @@ _SDPA_PRIORITY = {"set_priority": True} if "set_priority" in inspect.signature(s
 
 
 def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale):
-    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.SDPA_ABOVE):
+    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.goes_to_sdpa):
     same arguments, output contiguous in q's layout like our kernels'."""
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, False)
@@ -130,8 +130,10 @@ def sageattn(
 ):
     """Quantized attention with the fastest kernel available for the GPU.
 
-    On Hopper (sm90), head dims above 128 without ``return_lse`` go to SDPA (cuDNN first):
-    every kernel of ours is 2-4x slower than cuDNN there (README, "Supported GPUs").
+    On Hopper (sm90), calls without ``return_lse`` go to SDPA (cuDNN first, exact) where cuDNN
+    is faster: head dims above 128, where every kernel of ours is 2-4x slower, and calls too
+    short for the quantization to pay (``dispatch.SDPA_SHORT``: about N < 2048, causal
+    N < 3072, decode-like Nq). README, "Supported GPUs"; the kernel functions always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
     inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or
@@ -145,8 +147,8 @@ def sageattn(
     fn = "sageattn"
     dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     C.refuse_mask(fn, kw.attn_mask)
-    backend, options, sdpa_above = dispatch.chosen(q.device)
-    if dispatch.goes_to_sdpa(sdpa_above, dims.head_dim, return_lse):
+    backend, options, sdpa_above, short = dispatch.chosen(q.device)
+    if dispatch.goes_to_sdpa(sdpa_above, short, dims, is_causal, return_lse):
         return _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale)
     if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,6 +47,9 @@ class Choice:
     #: head dims above this go to SDPA instead (calls without return_lse); set by select from
     #: SDPA_ABOVE (None: never)
     sdpa_above: Optional[int] = None
+    #: calls too small for the quantization to pay go to SDPA (without return_lse); set by
+    #: select from SDPA_SHORT (None: never)
+    sdpa_short: Optional["ShortCalls"] = None
 
 
 _FP16 = Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"})
@@ -61,6 +64,29 @@ _TRITON = Choice("triton")
 #: one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 on an H100 (N 1k-16k,
 #: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md). Other GPUs: not measured.
 SDPA_ABOVE: Dict[Tuple[int, int], int] = {(9, 0): 128}
+
+
+class ShortCalls(NamedTuple):
+    """Which calls are too small for the quantized kernel to beat SDPA (see :func:`short_call`).
+
+    A call's length is ``L = 3·Nq·Nk / (Nq + 2·Nk)``: ``N`` when ``Nq == Nk``, and in general the
+    attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
+    so. Below ``length`` (``length_causal`` for causal calls, ``length_causal_d64`` for causal
+    calls with head dim <= 64) the quantization costs more than the kernel saves; below ``pairs``
+    query-key pairs (``B·Hq·Nq·Nk``, halved when causal) the call is too small to fill the GPU."""
+
+    length: int
+    length_causal: int
+    length_causal_d64: int
+    pairs: int
+
+
+#: Per compute capability, which calls ``sageattn`` hands to SDPA (cuDNN first) as too small.
+#: sm90, measured on an H100 beside SDPA (bench/crossover.py; B x H 4 x 32, 1 x 16 and 2 x 24,
+#: Nq, Nk 64..32768; bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the
+#: kernel passes cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with
+#: 16 heads it is 1-16 % slower still at N=4096. Other GPUs: not measured.
+SDPA_SHORT: Dict[Tuple[int, int], ShortCalls] = {(9, 0): ShortCalls(2048, 3072, 4096, 1 << 28)}
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
@@ -153,7 +179,8 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
     for choice in prefs:
         if choice.backend in available:
             skipped = prefs[0].backend if choice is not prefs[0] else None
-            return replace(choice, sdpa_above=SDPA_ABOVE.get(tuple(capability))), skipped
+            cap = tuple(capability)
+            return replace(choice, sdpa_above=SDPA_ABOVE.get(cap), sdpa_short=SDPA_SHORT.get(cap)), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
         f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "
@@ -220,14 +247,37 @@ def choose(device: torch.device) -> Choice:
 
 
 @torch.compiler.assume_constant_result
-def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Optional[int]]:
-    """``choose`` as constants (backend name, option pairs, sdpa_above): torch.compile folds
-    the decision into the graph instead of tracing the environment checks behind it."""
+def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Optional[int], Optional[Tuple[int, ...]]]:
+    """``choose`` as constants (backend name, option pairs, sdpa_above, sdpa_short as a plain
+    tuple): torch.compile folds the decision into the graph instead of tracing the environment
+    checks behind it."""
     c = choose(device)
-    return c.backend, tuple(sorted(c.options.items())), c.sdpa_above
+    short = tuple(c.sdpa_short) if c.sdpa_short is not None else None
+    return c.backend, tuple(sorted(c.options.items())), c.sdpa_above, short
 
 
-def goes_to_sdpa(sdpa_above: Optional[int], head_dim: int, return_lse: bool) -> bool:
-    """Whether ``sageattn`` hands this call to SDPA: a head dim above the choice's limit, and
-    no LSE asked for (SDPA's public function returns none; those calls keep our kernel)."""
-    return sdpa_above is not None and head_dim > sdpa_above and not return_lse
+def short_call(short: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
+               causal: bool) -> bool:
+    """Whether a call is too small for the quantized kernel by the :class:`ShortCalls` limits
+    ``short``. Causal calls with ``Nq != Nk`` never are: SDPA's fast backends refuse them."""
+    length, length_causal, length_causal_d64, pairs = short
+    if causal and len_q != len_k:
+        return False
+    if causal:
+        length = length_causal_d64 if head_dim <= 64 else length_causal
+    work = batch * heads_q * len_q * len_k // (2 if causal else 1)
+    # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
+    return 3 * len_q * len_k < length * (len_q + 2 * len_k) or work < pairs
+
+
+def goes_to_sdpa(sdpa_above: Optional[int], short: Optional[Sequence[int]], dims, causal: bool,
+                 return_lse: bool) -> bool:
+    """Whether ``sageattn`` hands this call (``dims``: _checks.Dims) to SDPA: a head dim above the
+    choice's limit, or a call too small for its kernel (:func:`short_call`), and no LSE asked
+    for (SDPA's public function returns none; those calls keep our kernel)."""
+    if return_lse:
+        return False
+    if sdpa_above is not None and dims.head_dim > sdpa_above:
+        return True
+    return short is not None and short_call(short, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
+                                            dims.head_dim, causal)

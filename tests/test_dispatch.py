@@ -1,13 +1,16 @@
 """Dispatch decisions, with GPU capabilities and kernel availability faked (no GPU needed)."""
 
+import json
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 import sageattention as sa
 from sageattention import _ops, dispatch
+from sageattention._checks import Dims
 from sageattention.dispatch import BACKENDS, PREFERENCE, UnsupportedGPUError, select
 
 ALL = list(BACKENDS)
@@ -49,24 +52,79 @@ def test_sm90_prefers_the_wgmma_kernel_then_triton_then_mma_sync_fp16():
 
 
 @pytest.mark.parametrize("avail", [ALL, ["triton", "cuda_fp16"], ["cuda_fp16"]], ids=["all", "no-sm90", "fp16"])
-def test_hopper_gives_wide_heads_to_sdpa_whichever_kernel_is_chosen(avail):
+def test_hopper_gives_wide_heads_and_short_calls_to_sdpa_whichever_kernel_is_chosen(avail):
     """On sm90 every kernel of ours is 2-4x slower than cuDNN above D=128 (the D=256 run in
-    bench/results), so each sm90 choice names 128; the other GPUs keep their kernels."""
+    bench/results), and the quantization does not pay on short calls (the crossover run), so
+    each sm90 choice carries both limits; the other GPUs keep their kernels."""
     choice, _ = select((9, 0), avail)
-    assert choice.sdpa_above == 128
+    assert choice.sdpa_above == 128 and choice.sdpa_short == dispatch.SDPA_SHORT[(9, 0)]
     for cap in PREFERENCE:
         if cap != (9, 0):
             for backend in {c.backend for c in PREFERENCE[cap]} | {"triton"}:
-                assert select(cap, [backend])[0].sdpa_above is None, (cap, backend)
+                got = select(cap, [backend])[0]
+                assert got.sdpa_above is None and got.sdpa_short is None, (cap, backend)
 
 
-@pytest.mark.parametrize("above,d,lse,want", [
-    (128, 129, False, True), (128, 256, False, True), (128, 128, False, False), (128, 64, False, False),
-    (128, 256, True, False),  # the LSE: SDPA's public function returns none, our kernel runs
-    (None, 256, False, False),
+SHORT = dispatch.ShortCalls(2048, 3072, 4096, 1 << 28)
+
+
+def _dims(b, h, nq, nk, d, hkv=None):
+    return Dims(b, h, hkv or h, nq, nk, d)
+
+
+@pytest.mark.parametrize("above,short,dims,causal,lse,want", [
+    # wide heads
+    (128, None, _dims(4, 32, 16384, 16384, 129), False, False, True),
+    (128, None, _dims(4, 32, 16384, 16384, 256), True, False, True),
+    (128, None, _dims(4, 32, 16384, 16384, 128), False, False, False),
+    (128, SHORT, _dims(4, 32, 16384, 16384, 256), False, True, False),  # the LSE: our kernel runs
+    (None, None, _dims(4, 32, 1024, 1024, 256), False, False, False),
+    # short calls, Nq == Nk: L = N
+    (128, SHORT, _dims(4, 32, 2047, 2047, 128), False, False, True),
+    (128, SHORT, _dims(4, 32, 2048, 2048, 128), False, False, False),
+    (128, SHORT, _dims(4, 32, 3071, 3071, 128), True, False, True),
+    (128, SHORT, _dims(4, 32, 3072, 3072, 128), True, False, False),
+    (128, SHORT, _dims(4, 32, 4095, 4095, 64), True, False, True),  # causal at D <= 64: 4096
+    (128, SHORT, _dims(4, 32, 4096, 4096, 64), True, False, False),
+    (128, SHORT, _dims(4, 32, 1024, 1024, 128), False, True, False),  # the LSE: our kernel runs
+    (None, None, _dims(4, 32, 1024, 1024, 128), False, False, False),  # no limits: other GPUs
+    # too few query-key pairs: 16 x 4096^2 = 2^28 is enough, halved (causal) it is not
+    (128, SHORT, _dims(1, 16, 4096, 4096, 128), False, False, False),
+    (128, SHORT, _dims(1, 16, 4095, 4096, 128), False, False, True),
+    (128, SHORT, _dims(1, 16, 4096, 4096, 128), True, False, True),
+    (128, SHORT, _dims(1, 32, 4096, 4096, 128), True, False, False),
+    # Nq != Nk: L = 3 Nq Nk / (Nq + 2 Nk)
+    (128, SHORT, _dims(2, 24, 64, 16384, 128), False, False, True),  # decode-like: L = 96
+    (128, SHORT, _dims(2, 24, 4096, 16384, 128), False, False, False),  # L = 5461
+    (128, SHORT, _dims(2, 24, 16384, 512, 128), False, False, True),  # L = 1446
+    (128, SHORT, _dims(2, 24, 16384, 1024, 128), False, False, False),  # L = 2731
+    (128, SHORT, _dims(2, 24, 64, 16384, 128), True, False, False),  # causal Nq != Nk: our kernel
+    (128, SHORT, _dims(4, 32, 1024, 1024, 128, hkv=8), False, False, True),  # GQA: same L
+    (128, SHORT, _dims(0, 32, 1024, 1024, 128), False, False, True),  # empty: SDPA's empty result
 ])
-def test_goes_to_sdpa(above, d, lse, want):
-    assert dispatch.goes_to_sdpa(above, d, lse) is want
+def test_goes_to_sdpa(above, short, dims, causal, lse, want):
+    assert dispatch.goes_to_sdpa(above, short, dims, causal, lse) is want
+
+
+CROSSOVER = Path(__file__).resolve().parent.parent / "bench" / "results" / \
+    "2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.json"
+
+
+def test_short_call_limits_agree_with_the_measured_crossover():
+    """Every shape of the H100 crossover run where the kernel was >= 10 % slower than the
+    faster SDPA backend is handed over, and every shape where it was >= 3 % faster is kept;
+    the band between is a tie either way (run-to-run spread is 2-5 %)."""
+    rows = json.loads(CROSSOVER.read_text())["rows"]
+    assert len(rows) == 59
+    checked = 0
+    for r in rows:
+        us = r["us"]
+        ratio = us["kernel"] / min(us["sdpa_cudnn"], us["sdpa_flash"])
+        short = dispatch.short_call(dispatch.SDPA_SHORT[(9, 0)], r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"])
+        if ratio >= 1.10 or ratio <= 0.97:
+            assert short == (ratio >= 1.10), (r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"], ratio)
+            checked += 1
+    assert checked >= 50
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
@@ -78,7 +136,7 @@ def test_sageattn_hands_wide_heads_to_sdpa(monkeypatch, layout, causal):
     from sageattention import core
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check (also on a GPU machine)
-    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (("pv_accum_dtype", "fp32+fp32"),), 128))
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (("pv_accum_dtype", "fp32+fp32"),), 128, None))
     ran = []
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: ran.append((fn, module, q.shape[-1])) or "kernel")
     g = torch.Generator().manual_seed(3)
@@ -101,6 +159,36 @@ def test_sageattn_hands_wide_heads_to_sdpa(monkeypatch, layout, causal):
     assert sa.sageattn(q2, k2, v2, tensor_layout=layout) == "kernel"
     assert [r[2] for r in ran] == [160, 128]
 
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_sageattn_hands_short_calls_to_sdpa(monkeypatch, layout):
+    """sageattn on a GPU whose choice carries short-call limits: a short call gets SDPA's
+    output, the same call with return_lse and a long enough one (2^28 pairs, L = N = 4096) the
+    kernel's pipeline. Run on the CPU with the choice faked, as above."""
+    from sageattention import core
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), 128, tuple(SHORT)))
+    ran = []
+    monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: ran.append(q.shape) or "kernel")
+    g = torch.Generator().manual_seed(4)
+
+    def t(b, h, n, d=64):
+        shape = (b, h, n, d) if layout == "HND" else (b, n, h, d)
+        return torch.randn(*shape, generator=g, dtype=torch.bfloat16)
+
+    q, k, v = t(2, 4, 40), t(2, 4, 40), t(2, 4, 40)
+    o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True)
+    hnd = (lambda x: x) if layout == "HND" else (lambda x: x.transpose(1, 2))
+    s = (hnd(q).float() @ hnd(k).float().transpose(-1, -2) / 8).masked_fill(
+        torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
+    assert ran == [] and o.shape == q.shape and o.is_contiguous()
+    assert torch.allclose(hnd(o).float(), s.softmax(-1) @ hnd(v).float(), atol=2e-2)
+    assert sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True) == "kernel"
+    big = t(1, 16, 4096)
+    assert sa.sageattn(big, big, big, tensor_layout=layout) == "kernel"
+    assert ran == [q.shape, big.shape]
 
 @pytest.mark.parametrize("cap,name", [((7, 5), "Tesla T4"), ((7, 0), "Tesla V100"), ((6, 1), "GTX 1080")])
 def test_old_gpus_are_refused_by_name(cap, name):

@@ -24,6 +24,7 @@ from helpers import (
     sdpa_fp32,
 )
 from sageattention import _cuda, dispatch
+from sageattention._checks import Dims
 from sageattention import triton as st
 from sageattention.reference import attention_exact, attention_quantized, error_metrics
 
@@ -50,12 +51,15 @@ FUNCS = _functions()
 FP8_VS_FP32 = {"cos": 0.998, "l1": 0.06}
 
 
-def _backend(fn, device, d=None, lse=False):
-    """(backend, options) that ``fn`` runs on ``device`` (at head dim ``d``, with or without the
-    LSE: ``sageattn`` hands some calls to SDPA, backend "sdpa")."""
+def _backend(fn, q, k, layout="HND", causal=False, lse=False):
+    """(backend, options) that ``fn`` runs for the call on ``q``, ``k`` (``sageattn`` hands wide
+    heads and short calls to SDPA on some GPUs: backend "sdpa")."""
     if fn == "sageattn":
-        choice = dispatch.choose(device)
-        if d is not None and dispatch.goes_to_sdpa(choice.sdpa_above, d, lse):
+        choice = dispatch.choose(q.device)
+        h, n = (1, 2) if layout == "HND" else (2, 1)
+        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], k.shape[n], q.shape[3])
+        short = tuple(choice.sdpa_short) if choice.sdpa_short is not None else None
+        if dispatch.goes_to_sdpa(choice.sdpa_above, short, dims, causal, lse):
             return "sdpa", {}
         backend, options = choice.backend, choice.options
     else:
@@ -64,14 +68,15 @@ def _backend(fn, device, d=None, lse=False):
     return backend, dict(defaults, **options)
 
 
-def _fp32_bars(fn, device, d=None, lse=False):
-    return FP8_VS_FP32 if _backend(fn, device, d, lse)[0] in FP8_BACKENDS else {}
+def _fp32_bars(fn, q, k, layout="HND", causal=False, lse=False):
+    return FP8_VS_FP32 if _backend(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS else {}
 
 
-def _reference_config(fn, d, dtype, device, n_k, lse=False):
-    """The reference configuration of what ``fn`` computes, for the tight comparison (None:
-    no quantized pipeline to compare with)."""
-    backend, opts = _backend(fn, device, d, lse)
+def _reference_config(fn, q, k, layout="HND", causal=False, lse=False):
+    """The reference configuration of what ``fn`` computes for this call, for the tight
+    comparison (None: no quantized pipeline to compare with)."""
+    backend, opts = _backend(fn, q, k, layout, causal, lse)
+    d, dtype, n_k = q.shape[3], q.dtype, k.shape[2 if layout == "HND" else 1]
     if backend == "triton":
         return st.config_for(d, dtype, device, n_k).reference(dtype)
     if backend in CUDA_BACKENDS:
@@ -97,12 +102,12 @@ def test_grid(fn, dtype, layout, causal, d, n, gqa, cross, lse):
     o, lse_out = out if lse else (out, None)
     assert o.shape == q.shape and o.dtype == dtype
     assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout), fn,
-                         **_fp32_bars(fn, q.device, d, lse))
-    cfg = _reference_config(fn, d, dtype, q.device, nk, lse)
+                         **_fp32_bars(fn, q, k, layout, causal, lse))
+    cfg = _reference_config(fn, q, k, layout, causal, lse)
     if cfg is not None:
         ref = attention_quantized(q, k, v, layout, causal, None, lse, cfg)
         ro, rl = ref if lse else (ref, None)
-        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device, d, lse)[0] in FP8_BACKENDS)
+        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS)
         if lse:
             assert_lse_close_to_reference(lse_out, rl)
     if lse:
@@ -121,15 +126,15 @@ def test_long_sequences(fn, dtype, causal, d, lse):
     q, k, v = make_qkv(1, 2, 1, n, n, d, dtype, "HND", "cuda", k_bias=1.0, seed=d)
     out = FUNCS[fn](q, k, v, is_causal=causal, return_lse=lse)
     o, lse_out = out if lse else (out, None)
-    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), fn, **_fp32_bars(fn, q.device, d, lse))
+    assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), fn, **_fp32_bars(fn, q, k, "HND", causal, lse))
     if fn == "triton":
         assert st.config_for(d, dtype, q.device, n).block_n == (128 if d <= 128 else 64)
-    cfg = _reference_config(fn, d, dtype, q.device, n, lse)
+    cfg = _reference_config(fn, q, k, "HND", causal, lse)
     if cfg is None:  # sageattn handed the call to SDPA: the fp32 comparison above is the test
         return
     ref = attention_quantized(q, k, v, "HND", causal, None, lse, cfg)
     ro, rl = ref if lse else (ref, None)
-    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q.device, d, lse)[0] in FP8_BACKENDS)
+    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q, k, "HND", causal, lse)[0] in FP8_BACKENDS)
     if lse:
         assert_lse_close_to_reference(lse_out, rl)
 
@@ -149,12 +154,12 @@ def test_many_work_tiles_per_sm(fn, causal, d, gqa):
     q, k, v = make_qkv(b, hq, hk, nq, nk, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=d + causal)
     o, lse = FUNCS[fn](q, k, v, is_causal=causal, return_lse=True)
     exact = sdpa_fp32(q, k, v, "HND", causal)
-    bars = _fp32_bars(fn, q.device)
+    bars = _fp32_bars(fn, q, k, "HND", causal, True)
     for i, j in itertools.product(range(b), range(hq)):
         assert_close_to_fp32(o[i, j], exact[i, j], f"{fn} batch {i} head {j}", **bars)
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True,
-                                 _reference_config(fn, d, torch.bfloat16, q.device, nk))
-    assert_close_to_reference(o, ro, torch.bfloat16, fn, fp8=_backend(fn, q.device)[0] in FP8_BACKENDS)
+                                 _reference_config(fn, q, k, "HND", causal, True))
+    assert_close_to_reference(o, ro, torch.bfloat16, fn, fp8=_backend(fn, q, k, "HND", causal, True)[0] in FP8_BACKENDS)
     assert_lse_close_to_reference(lse, rl)
 
 
@@ -199,16 +204,17 @@ def test_acceptance_accuracy(fn, d, causal):
     """Baseline inputs of ../shared/reference/h100-baseline.md: B=1, H=8, N=4096, K with a
     per-channel bias of 3 sigma. Triton path: cos >= 0.9999, rel-L1 <= 0.015 vs fp32. The
     CUDA kernels: within 1e-5 (cos) and 2e-3 (rel-L1) of their own reference's accuracy,
-    computed on two of the heads (the reference is slow)."""
+    computed on two of the heads (the reference is slow). sageattn handed to SDPA (this shape
+    is short on an H100): the Triton bars."""
     q, k, v = make_qkv(1, 8, 8, 4096, 4096, d, torch.bfloat16, "HND", "cuda", k_bias=3.0, seed=1)
     o = FUNCS[fn](q, k, v, is_causal=causal)
     ref32 = sdpa_fp32(q, k, v, "HND", causal)
     m = error_metrics(o, ref32)
-    backend = _backend(fn, q.device)[0]
-    if backend == "triton":
+    backend = _backend(fn, q, k, "HND", causal)[0]
+    if backend in ("triton", "sdpa"):
         assert m["cos"] >= 0.9999 and m["rel_l1"] <= 0.015, m
     else:
-        cfg = _reference_config(fn, d, torch.bfloat16, q.device, 4096)
+        cfg = _reference_config(fn, q, k, "HND", causal)
         ro = attention_quantized(q[:, :2], k[:, :2], v[:, :2], "HND", causal, None, False, cfg)
         mr = error_metrics(ro, ref32[:, :2])
         mk = error_metrics(o[:, :2], ref32[:, :2])
@@ -232,22 +238,25 @@ def test_hostile_large(fn, dtype, kind):
             # step of its outlier channel) weighs with its third of the row; the reference models
             # 0.99935 / 0.031 at 16-bit P.V and 0.99899 / 0.039 for the fp8 kernels (CPU), so the
             # fp8 bars hold for all. An 8-bit integer P would give ~0.986 / 0.69 (pv_formats.py).
-            bars = FP8_VS_FP32 if kind == "sink" else _fp32_bars(fn, q.device)
+            bars = FP8_VS_FP32 if kind == "sink" else _fp32_bars(fn, q, k, "HND", causal, True)
             assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND", causal), f"{fn} {kind}", **bars)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_more_than_2_31_elements(layout):
-    """Offsets past 2^31 elements: the last batch entry equals a call on it alone. One tensor
-    serves as q, k and v (~13 GB in all instead of ~22) so the test fits beside other workers."""
+    """Offsets past 2^31 elements: the last batch entry equals a call on it alone, on the kernel
+    sageattn's dispatch picks here (called directly: at N=512 sageattn itself hands an H100's
+    calls to SDPA). One tensor serves as q, k and v (~13 GB in all instead of ~22) so the test
+    fits beside other workers."""
     b, h, n, d = 2049, 16, 512, 128  # 2.15e9 elements
     shape = (b, h, n, d) if layout == "HND" else (b, n, h, d)
     x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-    o = sa.sageattn(x, x, x, tensor_layout=layout, is_causal=True)
-    tail = sa.sageattn(x[-2:], x[-2:], x[-2:], tensor_layout=layout, is_causal=True)
+    fn = dispatch.choose(x.device).backend
+    o = FUNCS[fn](x, x, x, tensor_layout=layout, is_causal=True)
+    tail = FUNCS[fn](x[-2:], x[-2:], x[-2:], tensor_layout=layout, is_causal=True)
     assert torch.equal(o[-2:], tail)
     assert_close_to_fp32(hnd(tail, layout), hnd(sdpa_fp32(x[-2:], x[-2:], x[-2:], layout, True), layout),
-                         **_fp32_bars("sageattn", x.device))
+                         **_fp32_bars(fn, x, x, layout, True))
 
 
 def test_other_device_index_does_not_change_current_device():
@@ -260,20 +269,25 @@ def test_other_device_index_does_not_change_current_device():
     assert_close_to_fp32(o, sdpa_fp32(q, k, v, "HND"))
 
 
+def _sdpa_cudnn_first(q, k, v, layout, causal, scale=None):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH], set_priority=True):
+        return torch.nn.functional.scaled_dot_product_attention(
+            hnd(q, layout), hnd(k, layout), hnd(v, layout), is_causal=causal, scale=scale,
+            enable_gqa=k.shape[1 if layout == "HND" else 2] != q.shape[1 if layout == "HND" else 2])
+
+
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("d", [160, 256])
 def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
     """On sm90, head dims above 128 without return_lse run SDPA (cuDNN first), with the LSE
     our kernel; elsewhere sageattn keeps its kernel (the results must differ from SDPA's)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     q, k, v = make_qkv(2, 4, 2, 300, 300, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05)
     assert o.shape == q.shape and o.is_contiguous()
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH], set_priority=True):
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            hnd(q, layout), hnd(k, layout), hnd(v, layout), is_causal=True, scale=0.05, enable_gqa=True)
+    ref = _sdpa_cudnn_first(q, k, v, layout, True, scale=0.05)
     sdpa_here = torch.cuda.get_device_capability() == (9, 0)
     assert torch.equal(hnd(o, layout), ref) == sdpa_here
     if sdpa_here:  # the hand-over traces whole, like the kernels' custom ops
@@ -283,6 +297,37 @@ def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
     assert not torch.equal(hnd(o_lse, layout), ref), "with return_lse the quantized kernel runs"
     assert_close_to_fp32(hnd(o_lse, layout), hnd(sdpa_fp32(q, k, v, layout, True, scale=0.05), layout),
                          **FP8_VS_FP32)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
+    """On sm90 a short call without return_lse runs SDPA (cuDNN first), also traced by
+    torch.compile; with the LSE, or long enough (16 heads x 4096^2 non-causal, 32 heads
+    causal), the quantized kernel, bit for bit what the kernel function gives. Elsewhere
+    sageattn always runs its kernel."""
+    sdpa_here = torch.cuda.get_device_capability() == (9, 0)
+    q, k, v = make_qkv(2, 4, 2, 700, 700, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=5)
+    o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
+    assert o.shape == q.shape and o.is_contiguous()
+    assert torch.equal(hnd(o, layout), _sdpa_cudnn_first(q, k, v, layout, causal)) == sdpa_here
+    if sdpa_here:
+        assert torch.equal(torch.compile(sa.sageattn, fullgraph=True)(q, k, v, tensor_layout=layout,
+                                                                        is_causal=causal), o)
+    choice = dispatch.choose(q.device)
+
+    def kernel(*a, **kw):  # the function sageattn's dispatch picked, with its options
+        return FUNCS[choice.backend](*a, **choice.options, **kw)
+
+    o_lse, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
+    ko, kl = kernel(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
+    assert torch.equal(o_lse, ko) and torch.equal(lse, kl)
+    h = 32 if causal else 16
+    q, k, v = make_qkv(1, h, h, 4096, 4096, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=6)
+    o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
+    assert torch.equal(o, kernel(q, k, v, tensor_layout=layout, is_causal=causal))
+    assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout),
+                         **_fp32_bars("sageattn", q, k, layout, causal))
 
 
 def test_dispatch_on_this_gpu():

@@ -5,6 +5,7 @@ same kernel code, so CI checks the kernels' logic (indexing, masking, GQA, varle
 every change. The large grid lives in test_gpu.py.
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -33,9 +34,15 @@ def sageattn_runs_triton(monkeypatch):
     """This file checks the Triton kernels through ``sageattn`` too, against the Triton
     kernel's reference and bounds. On a GPU with a compiled kernel ``sageattn`` would choose
     that one instead (the fp8 Hopper kernel on an H100, which failed these bounds there);
-    test_gpu.py tests those choices. Here the dispatcher sees only Triton."""
+    test_gpu.py tests those choices. Here the dispatcher sees only Triton, and hands nothing to
+    SDPA (on an H100 sageattn would give it these short calls and D=160)."""
     select = dispatch.select
-    monkeypatch.setattr(dispatch, "select", lambda cap, avail, *a: select(cap, [b for b in avail if b == "triton"], *a))
+
+    def triton_only(cap, avail, *a):
+        choice, skipped = select(cap, [b for b in avail if b == "triton"], *a)
+        return dataclasses.replace(choice, sdpa_above=None, sdpa_short=None), skipped
+
+    monkeypatch.setattr(dispatch, "select", triton_only)
     monkeypatch.setattr(dispatch, "_warned", set())
     monkeypatch.setattr(dispatch, "_cache", {})
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
@@ -116,7 +115,6 @@ def run(sets, repeats):
         print(f"{b}x{h}/{hkv} Nq={nq:<6} Nk={nk:<6} D={d:<4} causal={int(causal)}  "
               + "  ".join(f"{n} {t:9.1f}" for n, t in us.items())
               + f"  kernel/{best} {us['kernel'] / us[best]:.2f} route {row['route']}", flush=True)
-        del q, k, v
     return kname, rows
 
 

@@ -38,7 +38,7 @@ def main() -> None:
             s = choice.sdpa_short
             print(f"  short calls without return_lse: SDPA, cuDNN first (L = 3 Nq Nk / (Nq + 2 Nk) below "
                   f"{s.length}, causal {s.length_causal} ({s.length_causal_d64} at D <= 64), "
-                  f"or B*H*Nq*Nk below {s.pairs:.1e}, halved when causal)")
+                  f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1})")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
     print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")

@@ -73,20 +73,23 @@ class ShortCalls(NamedTuple):
     attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
     so. Below ``length`` (``length_causal`` for causal calls, ``length_causal_d64`` for causal
     calls with head dim <= 64) the quantization costs more than the kernel saves; below ``pairs``
-    query-key pairs (``B·Hq·Nq·Nk``, halved when causal) the call is too small to fill the GPU."""
+    (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is too small to fill the GPU."""
 
     length: int
     length_causal: int
     length_causal_d64: int
     pairs: int
+    pairs_causal: int
 
 
 #: Per compute capability, which calls ``sageattn`` hands to SDPA (cuDNN first) as too small.
-#: sm90, measured on an H100 beside SDPA (bench/crossover.py; B x H 4 x 32, 1 x 16 and 2 x 24,
-#: Nq, Nk 64..32768; bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the
-#: kernel passes cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with
-#: 16 heads it is 1-16 % slower still at N=4096. Other GPUs: not measured.
-SDPA_SHORT: Dict[Tuple[int, int], ShortCalls] = {(9, 0): ShortCalls(2048, 3072, 4096, 1 << 28)}
+#: sm90, measured on an H100 beside SDPA (bench/crossover.py; the ``square`` and ``rect`` sets,
+#: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
+#: cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with 16 heads it is
+#: 1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for one
+#: shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was 2^28
+#: there). Other GPUs: not measured.
+SDPA_SHORT: Dict[Tuple[int, int], ShortCalls] = {(9, 0): ShortCalls(2048, 3072, 4096, 1 << 28, 1 << 30)}
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
@@ -260,14 +263,13 @@ def short_call(short: Sequence[int], batch: int, heads_q: int, len_q: int, len_k
                causal: bool) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`ShortCalls` limits
     ``short``. Causal calls with ``Nq != Nk`` never are: SDPA's fast backends refuse them."""
-    length, length_causal, length_causal_d64, pairs = short
+    length, length_causal, length_causal_d64, pairs, pairs_causal = short
     if causal and len_q != len_k:
         return False
     if causal:
-        length = length_causal_d64 if head_dim <= 64 else length_causal
-    work = batch * heads_q * len_q * len_k // (2 if causal else 1)
+        length, pairs = (length_causal_d64 if head_dim <= 64 else length_causal), pairs_causal
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
-    return 3 * len_q * len_k < length * (len_q + 2 * len_k) or work < pairs
+    return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
 
 
 def goes_to_sdpa(sdpa_above: Optional[int], short: Optional[Sequence[int]], dims, causal: bool,

@@ -8,7 +8,8 @@ Host µs/call: the GPU is held busy by a sleep kernel while 50 calls are queued;
 call is then what the CPU spends (checks, dispatch, the op calls, the launches); best of 5. GPU µs:
 do_bench median of three (a call whose host time exceeds its GPU time is host-bound, and do_bench
 then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
-On an H100 sageattn hands these shapes to SDPA (dispatch.SDPA_SHORT), so its rows time that route.
+On an H100 sageattn hands these shapes to SDPA (dispatch.SDPA_SHORT), so its rows time that route,
+beside SDPA called bare and inside sdpa_kernel, and the hand-over through sdpa_kernel (_sdpa.py).
 """
 
 import sys
@@ -27,13 +28,41 @@ if not Path(sa.__file__).resolve().is_relative_to(ROOT):
     sys.exit(f"imported {sa.__file__}, not the package under {ROOT}")
 
 
+def _sdpa_rows(q, k, v):
+    """SDPA beside sageattn's hand-over: the bare call, the call inside sdpa_kernel (as
+    bench.py times cuDNN), and sageattn with its hand-over forced onto sdpa_kernel."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    rows = {"F.sdpa (no context)": lambda: F.scaled_dot_product_attention(q, k, v), "sdpa_kernel(cuDNN)": cudnn}
+    try:
+        from sageattention import _sdpa
+    except ImportError:  # a package from before the hand-over's fast path
+        return rows
+
+    def old_path():
+        state, _sdpa._STATE = _sdpa._STATE, None
+        try:
+            return sa.sageattn(q, k, v)
+        finally:
+            _sdpa._STATE = state
+
+    rows["sageattn, hand-over through sdpa_kernel"] = old_path
+    return rows
+
+
 def main() -> None:
-    for b, h, n, d in [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128)]:
+    for b, h, n, d in [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128)]:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         calls = {
             "sageattn": lambda: sa.sageattn(q, k, v),
             "sageattn causal": lambda: sa.sageattn(q, k, v, is_causal=True),
             "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
+            **_sdpa_rows(q, k, v),
         }
         for name, fn in calls.items():
             print(f"| {LABEL} | {b}x{h}x{n}x{d} | {name} | {host_us(fn, rounds=5):.1f} | {gpu_us(fn):.1f} |", flush=True)

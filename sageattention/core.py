@@ -12,10 +12,9 @@ import math
 from typing import Optional, Tuple
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _checks as C
-from . import dispatch
+from . import _sdpa, dispatch
 from ._ops import require
 
 _PV_FP16 = ("fp32", "fp16+fp32")
@@ -87,22 +86,13 @@ def _(q, k, v, nhd, is_causal, sm_scale, smooth_k, return_lse):
     return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
 
-# SDPA's backends for sageattn's hand-over, cuDNN first (torch's own order puts it last), with
-# set_priority where this torch has it (2.6 on; before, torch picks from the list in its own
-# order). Decided at import, so torch.compile traces a plain context manager.
-_SDPA_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_SDPA_PRIORITY = {"set_priority": True} if "set_priority" in inspect.signature(sdpa_kernel).parameters else {}
-
-
 def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale):
-    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.goes_to_sdpa):
-    same arguments, output contiguous in q's layout like our kernels'."""
+    """sageattn's call handed to F.scaled_dot_product_attention (dispatch.goes_to_sdpa; cuDNN
+    first, _sdpa.py): same arguments, output contiguous in q's layout like our kernels'."""
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, False)
     qh, kh, vh = (_hnd(t, tensor_layout) for t in (q, k, v))
-    gqa = {"enable_gqa": True} if dims.heads_kv != dims.heads_q else {}
-    with sdpa_kernel(_SDPA_ORDER, **_SDPA_PRIORITY):
-        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=scale, **gqa)
+    o = _sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q)
     return _hnd(o, tensor_layout).contiguous()
 
 

@@ -343,3 +343,56 @@ def test_main_module_prints_versions(capsys):
     main()
     out = capsys.readouterr().out
     assert "sageattention 2.2.0" in out and torch.__version__ in out
+
+
+def _short_route(monkeypatch):
+    """sageattn with an sm90 choice faked onto CPU tensors: a short call takes the hand-over."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), 128, tuple(SHORT)))
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(2, 4, 40, 64, generator=g, dtype=torch.bfloat16) for _ in range(3)]
+
+
+def _sdpa_state():
+    from sageattention import _sdpa
+
+    get, _, (get_order, _) = _sdpa._STATE
+    return [g() for g in get], get_order()
+
+
+def test_hand_over_leaves_the_callers_sdpa_settings_as_they_were(monkeypatch):
+    """The eager fast path (_sdpa.py) sets SDPA's backend flags and priority for the call and
+    restores the caller's exactly, also when SDPA raises; its result is sdpa_kernel's."""
+    from sageattention import _sdpa
+
+    q, k, v = _short_route(monkeypatch)
+    assert _sdpa._STATE is not None, "this torch lacks the functions of the fast path"
+    before = _sdpa_state()
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch._C._set_sdp_priority_order([0, 4, 2, 1, 3])
+    try:
+        mine = _sdpa_state()
+        o = sa.sageattn(q, k, v, is_causal=True)
+        assert _sdpa_state() == mine
+        with monkeypatch.context() as m:
+            m.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **kw: 1 / 0)
+            with pytest.raises(ZeroDivisionError):
+                sa.sageattn(q, k, v, is_causal=True)
+        assert _sdpa_state() == mine
+        with monkeypatch.context() as m:  # the context manager's path (torch.compile, older torch)
+            m.setattr(_sdpa, "_STATE", None)
+            assert torch.equal(sa.sageattn(q, k, v, is_causal=True), o)
+    finally:
+        for setter, on in zip(_sdpa._STATE[1], before[0]):
+            setter(on)
+        torch._C._set_sdp_priority_order(before[1])
+    assert _sdpa_state() == before
+
+
+def test_hand_over_traces_whole(monkeypatch):
+    """torch.compile(fullgraph=True) traces the hand-over (sdpa_kernel inside the graph) and
+    gives eager's bits (CPU, dynamo's eager backend: the trace is what is tested)."""
+    q, k, v = _short_route(monkeypatch)
+    eager = sa.sageattn(q, k, v, is_causal=True)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(sa.sageattn, fullgraph=True, backend="eager")(q, k, v, is_causal=True), eager)

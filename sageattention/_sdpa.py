@@ -1,0 +1,62 @@
+"""sageattn's hand-over to ``F.scaled_dot_product_attention`` (dispatch.goes_to_sdpa), cuDNN first.
+
+torch's public way to pick SDPA's backends, ``sdpa_kernel(backends, set_priority=True)``, reads,
+sets and restores each backend's flag and the priority order through Python loops over enum
+objects: ~40 µs a call on a slow host CPU, as long as the attention of the short calls the
+hand-over takes. In eager mode this module sets the same state with the ``torch._C`` functions
+``sdpa_kernel`` itself calls (precomputed, ~1 µs) and restores it exactly afterwards. Under
+torch.compile, or on a torch without those functions, it uses ``sdpa_kernel``, which dynamo
+traces into the graph.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+#: cuDNN first (torch's own order puts it last; on an H100 it is the fastest SDPA backend)
+ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# set_priority where this torch has it (2.6 on; before, torch picks from the list in its own order)
+_PRIORITY = {"set_priority": True} if "set_priority" in inspect.signature(sdpa_kernel).parameters else {}
+# sdpa_kernel's flags (torch.nn.attention._backend_names): enabled when in ORDER
+_FLAGS = (("cudnn", True), ("flash", True), ("mem_efficient", True), ("math", True), ("overrideable", False))
+
+
+def _bind():
+    """The torch._C getters and setters of SDPA's backend state, or None where this torch
+    lacks one of them (its sdpa_kernel then serves every call)."""
+    c = torch._C
+    try:
+        get = tuple(getattr(c, f"_get_{name}_sdp_enabled") for name, _ in _FLAGS)
+        put = tuple(getattr(c, f"_set_sdp_use_{name}") for name, _ in _FLAGS)
+        order = (c._get_sdp_priority_order, c._set_sdp_priority_order)
+    except AttributeError:
+        return None
+    return get, put, order
+
+
+_STATE = _bind() if _PRIORITY else None
+_WANT = [int(b) for b in ORDER]
+
+
+def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
+    """``F.scaled_dot_product_attention`` on [B, H, N, D] views with ORDER's backends, cuDNN
+    first; the caller's SDPA settings are as before afterwards."""
+    kw = {"enable_gqa": True} if enable_gqa else {}
+    if _STATE is None or torch.compiler.is_compiling():
+        with sdpa_kernel(ORDER, **_PRIORITY):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, **kw)
+    get, put, (get_order, put_order) = _STATE
+    was = [g() for g in get]
+    was_order = get_order()
+    try:
+        for setter, (_, on) in zip(put, _FLAGS):
+            setter(on)
+        put_order(_WANT + [b for b in was_order if b not in _WANT])
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, **kw)
+    finally:
+        for setter, on in zip(put, was):
+            setter(on)
+        put_order(was_order)

@@ -262,7 +262,8 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
 def short_call(short: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
                causal: bool) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`ShortCalls` limits
-    ``short``. Causal calls with ``Nq != Nk`` never are: SDPA's fast backends refuse them."""
+    ``short``. Causal calls with ``Nq != Nk`` never are (not measured; SDPA's flash backend
+    refuses them)."""
     length, length_causal, length_causal_d64, pairs, pairs_causal = short
     if causal and len_q != len_k:
         return False

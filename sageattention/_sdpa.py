@@ -7,7 +7,7 @@ objects: 15-65 µs more host time a call than this module's way on the H100 mach
 attention of the short calls the hand-over takes. In eager mode this module sets the same state with the ``torch._C`` functions
 ``sdpa_kernel`` itself calls (precomputed, ~1 µs) and restores it exactly afterwards. Under
 torch.compile, or on a torch without those functions, it uses ``sdpa_kernel``, which dynamo
-traces into the graph.
+traces into the graph. Either way the state is torch's process-wide one, as with sdpa_kernel.
 """
 
 from __future__ import annotations

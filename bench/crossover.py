@@ -13,7 +13,7 @@ it would in an eager loop. Sets: ``square`` (Nq = Nk from 512 to 4096, D 64 and 
 not, B x H 4 x 32 and 1 x 16) and ``rect`` (D=128, non-causal, B x H 2 x 24: short Nq against
 long Nk, as in chunked prefill, and long Nq against short Nk, as in a video model's
 cross-attention to its text tokens) were measured to set sageattn's short-call limits on sm90
-(dispatch.SDPA_SHORT); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
+(dispatch.HAND_OVER); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
 limits on. Writes the Markdown table and JSON into --out.
 """
 
@@ -83,8 +83,8 @@ def route(device, b, h, hkv, nq, nk, d, causal):
     from sageattention import dispatch
     from sageattention._checks import Dims
 
-    _, _, above, short = dispatch.chosen(device)
-    return "sdpa" if dispatch.goes_to_sdpa(above, short, Dims(b, h, hkv, nq, nk, d), causal, False) else "kernel"
+    limits = dispatch.chosen(device)[2]
+    return "sdpa" if dispatch.goes_to_sdpa(limits, Dims(b, h, hkv, nq, nk, d), causal, False) else "kernel"
 
 
 def run(sets, repeats):

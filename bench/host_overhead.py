@@ -8,7 +8,7 @@ Host µs/call: the GPU is held busy by a sleep kernel while 50 calls are queued;
 call is then what the CPU spends (checks, dispatch, the op calls, the launches); best of 5. GPU µs:
 do_bench median of three (a call whose host time exceeds its GPU time is host-bound, and do_bench
 then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
-On an H100 sageattn hands these shapes to SDPA (dispatch.SDPA_SHORT), so its rows time that route,
+On an H100 sageattn hands these shapes to SDPA (dispatch.HAND_OVER), so its rows time that route,
 beside SDPA called bare and inside sdpa_kernel, and the hand-over through sdpa_kernel (_sdpa.py).
 """
 

@@ -4,7 +4,7 @@
 
 For each shape it prints, in microseconds:
   - the end-to-end GPU time (do_bench median) of sageattn (on an H100 it hands calls this
-    short to SDPA: dispatch.SDPA_SHORT), of the sm90 function and of cuDNN;
+    short to SDPA: dispatch.HAND_OVER), of the sm90 function and of cuDNN;
   - each stage of the sm90 pipeline alone (do_bench on prepared inputs): the separate
     quantization ops, and quant_qkv, which replaces them (its kernels also profiled);
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are

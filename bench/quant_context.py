@@ -15,7 +15,7 @@ Loops (each round starts with a 256 MiB write meant to evict L2, as do_bench's):
   read    quant_qkv, then a read of another 256 MiB (a sum: memory traffic, little power)
   matmul  quant_qkv, then 20 small fp16 matmuls (tensor-core power, a 6 MiB footprint)
   call    the sm90 function (quant_qkv, then the attention kernel on its outputs; sageattn
-          itself hands calls this short to SDPA since the short-call rule, dispatch.SDPA_SHORT)
+          itself hands calls this short to SDPA since the short-call rule, dispatch.HAND_OVER)
 """
 
 from __future__ import annotations

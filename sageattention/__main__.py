@@ -32,13 +32,12 @@ def main() -> None:
     try:
         choice = dispatch.choose(dev)
         print(f"sageattn uses {choice.backend}")
-        if choice.sdpa_above is not None:
-            print(f"  head dims above {choice.sdpa_above} without return_lse: SDPA, cuDNN first")
-        if choice.sdpa_short is not None:
-            s = choice.sdpa_short
-            print(f"  short calls without return_lse: SDPA, cuDNN first (L = 3 Nq Nk / (Nq + 2 Nk) below "
-                  f"{s.length}, causal {s.length_causal} ({s.length_causal_d64} at D <= 64), "
-                  f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1})")
+        s = choice.hand_over
+        if s is not None:  # dispatch.HAND_OVER
+            print(f"  without return_lse, to SDPA (cuDNN first): head dims above {s.head_dim_above}; "
+                  f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
+                  f"({s.length_causal_d64} at D <= 64), or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, "
+                  f"causal 2^{s.pairs_causal.bit_length() - 1}")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
     print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")

@@ -4,8 +4,9 @@ torch's public way to pick SDPA's backends, ``sdpa_kernel(backends, set_priority
 sets and restores each backend's flag and the priority order through Python loops over enum
 objects: 15-65 µs more host time a call than this module's way on the H100 machine
 (bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-fe56b1d-short-calls.md), as long as the
-attention of the short calls the hand-over takes. In eager mode this module sets the same state with the ``torch._C`` functions
-``sdpa_kernel`` itself calls (precomputed, ~1 µs) and restores it exactly afterwards. Under
+attention of the short calls the hand-over takes. In eager mode this module sets the same state
+with the ``torch._C`` functions ``sdpa_kernel`` itself calls (precomputed, ~1 µs) and restores
+it exactly afterwards. Under
 torch.compile, or on a torch without those functions, it uses ``sdpa_kernel``, which dynamo
 traces into the graph. Either way the state is torch's process-wide one, as with sdpa_kernel.
 """

@@ -122,7 +122,7 @@ def sageattn(
 
     On Hopper (sm90), calls without ``return_lse`` go to SDPA (cuDNN first, exact) where cuDNN
     is faster: head dims above 128, where every kernel of ours is 2-4x slower, and calls too
-    short for the quantization to pay (``dispatch.SDPA_SHORT``: about N < 2048, causal
+    short for the quantization to pay (``dispatch.HAND_OVER``: about N < 2048, causal
     N < 3072, decode-like Nq). README, "Supported GPUs"; the kernel functions always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
@@ -137,8 +137,8 @@ def sageattn(
     fn = "sageattn"
     dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     C.refuse_mask(fn, kw.attn_mask)
-    backend, options, sdpa_above, short = dispatch.chosen(q.device)
-    if dispatch.goes_to_sdpa(sdpa_above, short, dims, is_causal, return_lse):
+    backend, options, hand_over = dispatch.chosen(q.device)
+    if dispatch.goes_to_sdpa(hand_over, dims, is_causal, return_lse):
         return _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale)
     if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)

@@ -44,12 +44,9 @@ BACKENDS: Dict[str, Backend] = {
 class Choice:
     backend: str
     options: Dict[str, str] = field(default_factory=dict)
-    #: head dims above this go to SDPA instead (calls without return_lse); set by select from
-    #: SDPA_ABOVE (None: never)
-    sdpa_above: Optional[int] = None
-    #: calls too small for the quantization to pay go to SDPA (without return_lse); set by
-    #: select from SDPA_SHORT (None: never)
-    sdpa_short: Optional["ShortCalls"] = None
+    #: which calls go to SDPA instead (without return_lse); set by select from HAND_OVER
+    #: (None: none)
+    hand_over: Optional["HandOver"] = None
 
 
 _FP16 = Choice("cuda_fp16", {"pv_accum_dtype": "fp32", "qk_quant_gran": "per_thread"})
@@ -58,16 +55,10 @@ _FP8_SM120 = Choice("cuda_fp8", {"pv_accum_dtype": "fp32+fp16", "qk_quant_gran":
 _SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_thread"})
 _TRITON = Choice("triton")
 
-#: Per compute capability, the head dim above which ``sageattn`` hands a call (without
-#: return_lse) to SDPA, cuDNN first (core._run_sdpa), whichever kernel of ours was chosen.
-#: sm90: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the fp16
-#: one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 on an H100 (N 1k-16k,
-#: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md). Other GPUs: not measured.
-SDPA_ABOVE: Dict[Tuple[int, int], int] = {(9, 0): 128}
-
-
-class ShortCalls(NamedTuple):
-    """Which calls are too small for the quantized kernel to beat SDPA (see :func:`short_call`).
+class HandOver(NamedTuple):
+    """Which calls ``sageattn`` hands to SDPA, cuDNN first (core._run_sdpa), whichever kernel of
+    ours was chosen (:func:`goes_to_sdpa`): head dims above ``head_dim_above``, and calls too
+    small for the quantized kernel to beat SDPA (:func:`short_call`).
 
     A call's length is ``L = 3·Nq·Nk / (Nq + 2·Nk)``: ``N`` when ``Nq == Nk``, and in general the
     attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
@@ -75,6 +66,7 @@ class ShortCalls(NamedTuple):
     calls with head dim <= 64) the quantization costs more than the kernel saves; below ``pairs``
     (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is too small to fill the GPU."""
 
+    head_dim_above: int
     length: int
     length_causal: int
     length_causal_d64: int
@@ -82,14 +74,18 @@ class ShortCalls(NamedTuple):
     pairs_causal: int
 
 
-#: Per compute capability, which calls ``sageattn`` hands to SDPA (cuDNN first) as too small.
-#: sm90, measured on an H100 beside SDPA (bench/crossover.py; the ``square`` and ``rect`` sets,
-#: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
-#: cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with 16 heads it is
-#: 1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for one
-#: shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was 2^28
-#: there). Other GPUs: not measured.
-SDPA_SHORT: Dict[Tuple[int, int], ShortCalls] = {(9, 0): ShortCalls(2048, 3072, 4096, 1 << 28, 1 << 30)}
+#: Per compute capability, which calls ``sageattn`` hands to SDPA. Other GPUs: not measured.
+#: sm90, measured on an H100 beside SDPA:
+#: - head dims: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the
+#:   fp16 one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 (N 1k-16k,
+#:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md);
+#: - short calls (bench/crossover.py; the ``square`` and ``rect`` sets,
+#:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
+#:   cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with 16 heads it is
+#:   1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for
+#:   one shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was
+#:   2^28 there).
+HAND_OVER: Dict[Tuple[int, int], HandOver] = {(9, 0): HandOver(128, 2048, 3072, 4096, 1 << 28, 1 << 30)}
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
@@ -182,8 +178,7 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
     for choice in prefs:
         if choice.backend in available:
             skipped = prefs[0].backend if choice is not prefs[0] else None
-            cap = tuple(capability)
-            return replace(choice, sdpa_above=SDPA_ABOVE.get(cap), sdpa_short=SDPA_SHORT.get(cap)), skipped
+            return replace(choice, hand_over=HAND_OVER.get(tuple(capability))), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
         f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "
@@ -250,21 +245,19 @@ def choose(device: torch.device) -> Choice:
 
 
 @torch.compiler.assume_constant_result
-def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Optional[int], Optional[Tuple[int, ...]]]:
-    """``choose`` as constants (backend name, option pairs, sdpa_above, sdpa_short as a plain
-    tuple): torch.compile folds the decision into the graph instead of tracing the environment
-    checks behind it."""
+def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Optional[Tuple[int, ...]]]:
+    """``choose`` as constants (backend name, option pairs, hand_over as a plain tuple):
+    torch.compile folds the decision into the graph instead of tracing the environment checks
+    behind it."""
     c = choose(device)
-    short = tuple(c.sdpa_short) if c.sdpa_short is not None else None
-    return c.backend, tuple(sorted(c.options.items())), c.sdpa_above, short
+    return c.backend, tuple(sorted(c.options.items())), tuple(c.hand_over) if c.hand_over is not None else None
 
 
-def short_call(short: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
+def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
                causal: bool) -> bool:
-    """Whether a call is too small for the quantized kernel by the :class:`ShortCalls` limits
-    ``short``. Causal calls with ``Nq != Nk`` never are (not measured; SDPA's flash backend
-    refuses them)."""
-    length, length_causal, length_causal_d64, pairs, pairs_causal = short
+    """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``.
+    Causal calls with ``Nq != Nk`` never are (not measured; SDPA's flash backend refuses them)."""
+    _, length, length_causal, length_causal_d64, pairs, pairs_causal = limits
     if causal and len_q != len_k:
         return False
     if causal:
@@ -273,14 +266,12 @@ def short_call(short: Sequence[int], batch: int, heads_q: int, len_q: int, len_k
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
 
 
-def goes_to_sdpa(sdpa_above: Optional[int], short: Optional[Sequence[int]], dims, causal: bool,
-                 return_lse: bool) -> bool:
-    """Whether ``sageattn`` hands this call (``dims``: _checks.Dims) to SDPA: a head dim above the
-    choice's limit, or a call too small for its kernel (:func:`short_call`), and no LSE asked
-    for (SDPA's public function returns none; those calls keep our kernel)."""
-    if return_lse:
+def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:
+    """Whether ``sageattn`` hands this call (``dims``: _checks.Dims) to SDPA by the choice's
+    :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
+    for the kernel (:func:`short_call`); never with return_lse (SDPA's public function returns
+    no LSE; those calls keep our kernel)."""
+    if return_lse or limits is None:
         return False
-    if sdpa_above is not None and dims.head_dim > sdpa_above:
-        return True
-    return short is not None and short_call(short, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
-                                            dims.head_dim, causal)
+    return dims.head_dim > limits[0] or short_call(limits, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
+                                                   dims.head_dim, causal)

@@ -57,53 +57,54 @@ def test_hopper_gives_wide_heads_and_short_calls_to_sdpa_whichever_kernel_is_cho
     bench/results), and the quantization does not pay on short calls (the crossover run), so
     each sm90 choice carries both limits; the other GPUs keep their kernels."""
     choice, _ = select((9, 0), avail)
-    assert choice.sdpa_above == 128 and choice.sdpa_short == dispatch.SDPA_SHORT[(9, 0)]
+    assert choice.hand_over == dispatch.HAND_OVER[(9, 0)] and choice.hand_over.head_dim_above == 128
     for cap in PREFERENCE:
         if cap != (9, 0):
             for backend in {c.backend for c in PREFERENCE[cap]} | {"triton"}:
                 got = select(cap, [backend])[0]
-                assert got.sdpa_above is None and got.sdpa_short is None, (cap, backend)
+                assert got.hand_over is None, (cap, backend)
 
 
-SHORT = dispatch.ShortCalls(2048, 3072, 4096, 1 << 28, 1 << 30)
+LIMITS = dispatch.HandOver(128, 2048, 3072, 4096, 1 << 28, 1 << 30)
+WIDE_ONLY = dispatch.HandOver(128, 0, 0, 0, 0, 0)  # no call is short by these
 
 
 def _dims(b, h, nq, nk, d, hkv=None):
     return Dims(b, h, hkv or h, nq, nk, d)
 
 
-@pytest.mark.parametrize("above,short,dims,causal,lse,want", [
+@pytest.mark.parametrize("limits,dims,causal,lse,want", [
     # wide heads
-    (128, None, _dims(4, 32, 16384, 16384, 129), False, False, True),
-    (128, None, _dims(4, 32, 16384, 16384, 256), True, False, True),
-    (128, None, _dims(4, 32, 16384, 16384, 128), False, False, False),
-    (128, SHORT, _dims(4, 32, 16384, 16384, 256), False, True, False),  # the LSE: our kernel runs
-    (None, None, _dims(4, 32, 1024, 1024, 256), False, False, False),
+    (WIDE_ONLY, _dims(4, 32, 16384, 16384, 129), False, False, True),
+    (WIDE_ONLY, _dims(4, 32, 16384, 16384, 256), True, False, True),
+    (WIDE_ONLY, _dims(4, 32, 16384, 16384, 128), False, False, False),
+    (LIMITS, _dims(4, 32, 16384, 16384, 256), False, True, False),  # the LSE: our kernel runs
+    (None, _dims(4, 32, 1024, 1024, 256), False, False, False),
     # short calls, Nq == Nk: L = N
-    (128, SHORT, _dims(4, 32, 2047, 2047, 128), False, False, True),
-    (128, SHORT, _dims(4, 32, 2048, 2048, 128), False, False, False),
-    (128, SHORT, _dims(4, 32, 3071, 3071, 128), True, False, True),
-    (128, SHORT, _dims(4, 32, 3072, 3072, 128), True, False, False),
-    (128, SHORT, _dims(4, 32, 4095, 4095, 64), True, False, True),  # causal at D <= 64: 4096
-    (128, SHORT, _dims(4, 32, 4096, 4096, 64), True, False, False),
-    (128, SHORT, _dims(4, 32, 1024, 1024, 128), False, True, False),  # the LSE: our kernel runs
-    (None, None, _dims(4, 32, 1024, 1024, 128), False, False, False),  # no limits: other GPUs
+    (LIMITS, _dims(4, 32, 2047, 2047, 128), False, False, True),
+    (LIMITS, _dims(4, 32, 2048, 2048, 128), False, False, False),
+    (LIMITS, _dims(4, 32, 3071, 3071, 128), True, False, True),
+    (LIMITS, _dims(4, 32, 3072, 3072, 128), True, False, False),
+    (LIMITS, _dims(4, 32, 4095, 4095, 64), True, False, True),  # causal at D <= 64: 4096
+    (LIMITS, _dims(4, 32, 4096, 4096, 64), True, False, False),
+    (LIMITS, _dims(4, 32, 1024, 1024, 128), False, True, False),  # the LSE: our kernel runs
+    (None, _dims(4, 32, 1024, 1024, 128), False, False, False),  # no limits: other GPUs
     # too few query-key pairs: 16 x 4096^2 = 2^28 is enough, causal calls need 2^30
-    (128, SHORT, _dims(1, 16, 4096, 4096, 128), False, False, False),
-    (128, SHORT, _dims(1, 16, 4095, 4096, 128), False, False, True),
-    (128, SHORT, _dims(1, 32, 4096, 4096, 128), True, False, True),
-    (128, SHORT, _dims(1, 64, 4096, 4096, 128), True, False, False),
+    (LIMITS, _dims(1, 16, 4096, 4096, 128), False, False, False),
+    (LIMITS, _dims(1, 16, 4095, 4096, 128), False, False, True),
+    (LIMITS, _dims(1, 32, 4096, 4096, 128), True, False, True),
+    (LIMITS, _dims(1, 64, 4096, 4096, 128), True, False, False),
     # Nq != Nk: L = 3 Nq Nk / (Nq + 2 Nk)
-    (128, SHORT, _dims(2, 24, 64, 16384, 128), False, False, True),  # decode-like: L = 96
-    (128, SHORT, _dims(2, 24, 4096, 16384, 128), False, False, False),  # L = 5461
-    (128, SHORT, _dims(2, 24, 16384, 512, 128), False, False, True),  # L = 1446
-    (128, SHORT, _dims(2, 24, 16384, 1024, 128), False, False, False),  # L = 2731
-    (128, SHORT, _dims(2, 24, 64, 16384, 128), True, False, False),  # causal Nq != Nk: our kernel
-    (128, SHORT, _dims(4, 32, 1024, 1024, 128, hkv=8), False, False, True),  # GQA: same L
-    (128, SHORT, _dims(0, 32, 1024, 1024, 128), False, False, True),  # empty: SDPA's empty result
+    (LIMITS, _dims(2, 24, 64, 16384, 128), False, False, True),  # decode-like: L = 96
+    (LIMITS, _dims(2, 24, 4096, 16384, 128), False, False, False),  # L = 5461
+    (LIMITS, _dims(2, 24, 16384, 512, 128), False, False, True),  # L = 1446
+    (LIMITS, _dims(2, 24, 16384, 1024, 128), False, False, False),  # L = 2731
+    (LIMITS, _dims(2, 24, 64, 16384, 128), True, False, False),  # causal Nq != Nk: our kernel
+    (LIMITS, _dims(4, 32, 1024, 1024, 128, hkv=8), False, False, True),  # GQA: same L
+    (LIMITS, _dims(0, 32, 1024, 1024, 128), False, False, True),  # empty: SDPA's empty result
 ])
-def test_goes_to_sdpa(above, short, dims, causal, lse, want):
-    assert dispatch.goes_to_sdpa(above, short, dims, causal, lse) is want
+def test_goes_to_sdpa(limits, dims, causal, lse, want):
+    assert dispatch.goes_to_sdpa(limits, dims, causal, lse) is want
 
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -123,7 +124,7 @@ def test_short_call_limits_agree_with_the_measured_crossover(run):
     for r in rows:
         us = r["us"]
         ratio = us["kernel"] / min(us["sdpa_cudnn"], us["sdpa_flash"])
-        short = dispatch.short_call(dispatch.SDPA_SHORT[(9, 0)], r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"])
+        short = dispatch.short_call(dispatch.HAND_OVER[(9, 0)], r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"])
         if ratio >= 1.10 or ratio <= 0.97:
             assert short == (ratio >= 1.10), (r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"], ratio)
             checked += 1
@@ -133,13 +134,13 @@ def test_short_call_limits_agree_with_the_measured_crossover(run):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sageattn_hands_wide_heads_to_sdpa(monkeypatch, layout, causal):
-    """sageattn on a GPU whose choice names sdpa_above: SDPA's output for a wide head (in q's
+    """sageattn on a GPU whose choice hands wide heads over: SDPA's output for a wide head (in q's
     layout, contiguous, GQA and the scale passed on); with return_lse, or a narrow head, the
     chosen kernel's pipeline. Run on the CPU: the choice is faked, SDPA runs on CPU tensors."""
     from sageattention import core
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check (also on a GPU machine)
-    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (("pv_accum_dtype", "fp32+fp32"),), 128, None))
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (("pv_accum_dtype", "fp32+fp32"),), tuple(WIDE_ONLY)))
     ran = []
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: ran.append((fn, module, q.shape[-1])) or "kernel")
     g = torch.Generator().manual_seed(3)
@@ -172,7 +173,7 @@ def test_sageattn_hands_short_calls_to_sdpa(monkeypatch, layout):
     from sageattention import core
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), 128, tuple(SHORT)))
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), tuple(LIMITS)))
     ran = []
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: ran.append(q.shape) or "kernel")
     g = torch.Generator().manual_seed(4)
@@ -350,7 +351,7 @@ def test_main_module_prints_versions(capsys):
 def _short_route(monkeypatch):
     """sageattn with an sm90 choice faked onto CPU tensors: a short call takes the hand-over."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), 128, tuple(SHORT)))
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), tuple(LIMITS)))
     g = torch.Generator().manual_seed(5)
     return [torch.randn(2, 4, 40, 64, generator=g, dtype=torch.bfloat16) for _ in range(3)]
 

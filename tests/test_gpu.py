@@ -58,8 +58,7 @@ def _backend(fn, q, k, layout="HND", causal=False, lse=False):
         choice = dispatch.choose(q.device)
         h, n = (1, 2) if layout == "HND" else (2, 1)
         dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], k.shape[n], q.shape[3])
-        short = tuple(choice.sdpa_short) if choice.sdpa_short is not None else None
-        if dispatch.goes_to_sdpa(choice.sdpa_above, short, dims, causal, lse):
+        if dispatch.goes_to_sdpa(choice.hand_over, dims, causal, lse):
             return "sdpa", {}
         backend, options = choice.backend, choice.options
     else:

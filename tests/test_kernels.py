@@ -40,7 +40,7 @@ def sageattn_runs_triton(monkeypatch):
 
     def triton_only(cap, avail, *a):
         choice, skipped = select(cap, [b for b in avail if b == "triton"], *a)
-        return dataclasses.replace(choice, sdpa_above=None, sdpa_short=None), skipped
+        return dataclasses.replace(choice, hand_over=None), skipped
 
     monkeypatch.setattr(dispatch, "select", triton_only)
     monkeypatch.setattr(dispatch, "_warned", set())

@@ -38,6 +38,8 @@ def main() -> None:
                   f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
                   f"({s.length_causal_d64} at D <= 64), or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, "
                   f"causal 2^{s.pairs_causal.bit_length() - 1}")
+        else:
+            print("  every call, no hand-over to SDPA (none measured for this GPU: dispatch.HAND_OVER)")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
     print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")

@@ -120,10 +120,11 @@ def sageattn(
 ):
     """Quantized attention with the fastest kernel available for the GPU.
 
-    On Hopper (sm90), calls without ``return_lse`` go to SDPA (cuDNN first, exact) where cuDNN
-    is faster: head dims above 128, where every kernel of ours is 2-4x slower, and calls too
-    short for the quantization to pay (``dispatch.HAND_OVER``: about N < 2048, causal
-    N < 3072, decode-like Nq). README, "Supported GPUs"; the kernel functions always run ours.
+    On H100-class GPUs (H100, H800, H200, GH200), calls without ``return_lse`` go to SDPA
+    (cuDNN first, exact) where cuDNN is faster: head dims above 128, where every kernel of ours
+    is 2-4x slower, and calls too short for the quantization to pay (``dispatch.HAND_OVER``:
+    about N < 2048, causal N < 3072, decode-like Nq). README, "Supported GPUs"; the kernel
+    functions always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
     inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -74,8 +75,8 @@ class HandOver(NamedTuple):
     pairs_causal: int
 
 
-#: Per compute capability, which calls ``sageattn`` hands to SDPA. Other GPUs: not measured.
-#: sm90, measured on an H100 beside SDPA:
+#: sm90 parts with the H100's tensor rate per SM (H100, H800, H200, GH200), measured on an H100
+#: beside SDPA:
 #: - head dims: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the
 #:   fp16 one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 (N 1k-16k,
 #:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md);
@@ -85,7 +86,26 @@ class HandOver(NamedTuple):
 #:   1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for
 #:   one shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was
 #:   2^28 there).
-HAND_OVER: Dict[Tuple[int, int], HandOver] = {(9, 0): HandOver(128, 2048, 3072, 4096, 1 << 28, 1 << 30)}
+GH100_FULL = HandOver(128, 2048, 3072, 4096, 1 << 28, 1 << 30)
+
+#: Per compute capability, which calls ``sageattn`` hands to SDPA: rows of (pattern, limits), the
+#: first whose pattern is found (``re.search``) in the GPU's name wins; no row, or none that
+#: matches: no hand-over (the chosen kernel runs every call, as upstream's sageattn). Where the
+#: limits come from depends on the tensor rate and the memory bandwidth, so a row names the parts
+#: it was measured on or that share their chip and rates: the H20, an sm90 part with a fraction
+#: of the H100's tensor rate, is not one of them (not measured: the quantized kernels' advantage
+#: there is larger, and the limits would hand over calls they win).
+HAND_OVER: Dict[Tuple[int, int], Tuple[Tuple[str, HandOver], ...]] = {
+    (9, 0): ((r"\b(H100|H800|H200|GH200)\b", GH100_FULL),),
+}
+
+
+def hand_over_for(capability: Tuple[int, int], gpu_name: str) -> Optional[HandOver]:
+    """The :data:`HAND_OVER` limits for a GPU of ``capability`` named ``gpu_name`` (None: none)."""
+    for pattern, limits in HAND_OVER.get(tuple(capability), ()):
+        if re.search(pattern, gpu_name):
+            return limits
+    return None
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
 #: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
@@ -159,7 +179,8 @@ def _gpu_name(device) -> str:
 
 
 def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_name: str = "this GPU") -> Tuple[Choice, Optional[str]]:
-    """Pure policy: the choice for ``capability`` given the backends ``available``.
+    """Pure policy: the choice for ``capability`` given the backends ``available``, with the
+    hand-over limits for a GPU named ``gpu_name`` (:func:`hand_over_for`).
 
     Returns ``(choice, skipped)`` where ``skipped`` names the preferred backend that was
     missing (for the fallback warning) or is None. Raises UnsupportedGPUError below sm80.
@@ -178,7 +199,7 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
     for choice in prefs:
         if choice.backend in available:
             skipped = prefs[0].backend if choice is not prefs[0] else None
-            return replace(choice, hand_over=HAND_OVER.get(tuple(capability))), skipped
+            return replace(choice, hand_over=hand_over_for(capability, gpu_name)), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
         f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "
@@ -208,7 +229,7 @@ def report(device=None) -> Dict[str, str]:
 
 
 _warned: set = set()
-_cache: Dict[tuple, Choice] = {}  # keys (capability, "choice") and ("device", type, index)
+_cache: Dict[tuple, Choice] = {}  # keys (capability, GPU name) and ("device", type, index)
 
 
 def choose(device: torch.device) -> Choice:
@@ -224,13 +245,14 @@ def choose(device: torch.device) -> Choice:
     if cached is not None:
         return cached
     cap = capability_of(device)
-    key = (cap, "choice")
+    name = _gpu_name(device) if cap is not None else "CPU"
+    key = (cap, name)
     cached = _cache.get(key)
     if cached is not None:
         _cache[dkey] = cached
         return cached
     avail = [n for n in BACKENDS if backend_status(n, cap)[0]]
-    choice, skipped = select(cap, avail, _gpu_name(device) if cap is not None else "CPU")
+    choice, skipped = select(cap, avail, name)
     if skipped is not None and (cap, skipped) not in _warned:
         _warned.add((cap, skipped))
         warnings.warn(

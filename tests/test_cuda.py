@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import sageattention as sa
 from helpers import FP8_BACKENDS, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
-from sageattention import _cuda, _ops, dispatch
+from sageattention import _cuda, dispatch
 from sageattention.reference import AMAX_EPS, attention_quantized, k_sample_index
 
 pytestmark = pytest.mark.gpu
@@ -260,7 +260,8 @@ def test_torch_compile_fullgraph_sageattn(backend, monkeypatch):
     """sageattn traced whole, on the kernel dispatch picks here and forced onto each CUDA kernel."""
     if backend != "chosen":
         _need(backend)
-        monkeypatch.setattr(dispatch, "_cache", {(torch.cuda.get_device_capability(), "choice"): dispatch.Choice(backend)})
+        key = (torch.cuda.get_device_capability(), torch.cuda.get_device_name())
+        monkeypatch.setattr(dispatch, "_cache", {key: dispatch.Choice(backend)})
     q, k, v = make_qkv(2, 8, 8, 513, 513, 64, torch.float16, "HND", "cuda")
     eager = sa.sageattn(q, k, v, return_lse=True)
     torch._dynamo.reset()

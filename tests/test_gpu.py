@@ -281,13 +281,14 @@ def _sdpa_cudnn_first(q, k, v, layout, causal, scale=None):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("d", [160, 256])
 def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
-    """On sm90, head dims above 128 without return_lse run SDPA (cuDNN first), with the LSE
-    our kernel; elsewhere sageattn keeps its kernel (the results must differ from SDPA's)."""
+    """On H100-class GPUs (dispatch.HAND_OVER), head dims above 128 without return_lse run SDPA
+    (cuDNN first), with the LSE our kernel; elsewhere sageattn keeps its kernel (the results
+    must differ from SDPA's)."""
     q, k, v = make_qkv(2, 4, 2, 300, 300, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05)
     assert o.shape == q.shape and o.is_contiguous()
     ref = _sdpa_cudnn_first(q, k, v, layout, True, scale=0.05)
-    sdpa_here = torch.cuda.get_device_capability() == (9, 0)
+    sdpa_here = dispatch.choose(q.device).hand_over is not None  # H100-class GPUs
     assert torch.equal(hnd(o, layout), ref) == sdpa_here
     if sdpa_here:  # the hand-over traces whole, like the kernels' custom ops
         compiled = torch.compile(sa.sageattn, fullgraph=True)
@@ -301,11 +302,11 @@ def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
-    """On sm90 a short call without return_lse runs SDPA (cuDNN first), also traced by
+    """On H100-class GPUs a short call without return_lse runs SDPA (cuDNN first), also traced by
     torch.compile; with the LSE, or long enough (16 heads x 4096^2 non-causal, 64 heads
     causal), the quantized kernel, bit for bit what the kernel function gives. Elsewhere
     sageattn always runs its kernel."""
-    sdpa_here = torch.cuda.get_device_capability() == (9, 0)
+    sdpa_here = dispatch.choose(torch.device("cuda")).hand_over is not None  # H100-class GPUs
     q, k, v = make_qkv(2, 4, 2, 700, 700, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=5)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
     assert o.shape == q.shape and o.is_contiguous()
@@ -327,6 +328,46 @@ def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
     assert torch.equal(o, kernel(q, k, v, tensor_layout=layout, is_causal=causal))
     assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout),
                          **_fp32_bars("sageattn", q, k, layout, causal))
+
+
+GRAPH_SHAPES = [(2, 4, 700, False), (2, 4, 700, True), (1, 16, 4096, False)]
+
+
+@pytest.mark.parametrize("b,h,n,causal", GRAPH_SHAPES, ids=[f"{b}x{h}x{n}{'-causal' if c else ''}" for b, h, n, c in GRAPH_SHAPES])
+def test_sageattn_replays_in_a_cuda_graph(b, h, n, causal):
+    """sageattn captured in a CUDA graph, then replayed on new inputs copied into the captured
+    ones: eager's bits. On H100-class GPUs the two short shapes are SDPA's (cuDNN) inside the
+    graph and 16 heads x 4096^2 the quantized kernel; elsewhere all three are the kernel."""
+    def inputs(seed):
+        return make_qkv(b, h, h, n, n, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=seed)
+
+    q, k, v = inputs(1)
+    sa.sageattn(q, k, v, is_causal=causal)  # load / plan outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sa.sageattn(q, k, v, is_causal=causal)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = sa.sageattn(q, k, v, is_causal=causal)
+    for seed in (2, 3):
+        new = inputs(seed)
+        for dst, src in zip((q, k, v), new):
+            dst.copy_(src)
+        graph.replay()
+        assert torch.equal(o, sa.sageattn(*new, is_causal=causal)), f"replay with seed {seed}"
+
+
+def test_sageattn_compiled_with_cuda_graphs():
+    """torch.compile(mode="reduce-overhead") (inductor's CUDA graphs) around sageattn: a short
+    call (SDPA on H100-class GPUs) and a long one (the kernel), each the same bits as eager."""
+    torch._dynamo.reset()
+    compiled = torch.compile(sa.sageattn, mode="reduce-overhead", fullgraph=True)
+    for b, h, n, seed in ((2, 4, 700, 1), (2, 4, 700, 2), (2, 4, 700, 3), (1, 16, 4096, 4), (1, 16, 4096, 5)):
+        q, k, v = make_qkv(b, h, h, n, n, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=seed)
+        got = compiled(q, k, v).clone()  # the graph's output buffer is reused by the next replay
+        assert torch.equal(got, sa.sageattn(q, k, v)), (b, h, n, seed)
 
 
 def test_dispatch_on_this_gpu():

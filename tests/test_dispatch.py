@@ -447,6 +447,24 @@ def test_hand_over_leaves_the_callers_sdpa_settings_as_they_were(monkeypatch):
     assert _sdpa_state() == before
 
 
+def test_hand_over_under_dynamic_shapes(monkeypatch):
+    """Compiled with dynamic shapes, the route is decided on the call's lengths (a guard), so each
+    call goes where eager sends it: under the faked limits (L < 32) SDPA's bits, from 32 on the
+    quantized kernel's (Triton's interpreter on the CPU)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    limits = dispatch.HandOver(128, 32, 32, 32, 0, 0)
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("triton", (), tuple(limits)))
+    torch._dynamo.reset()
+    compiled = torch.compile(sa.sageattn, fullgraph=True, dynamic=True, backend="eager")
+    g = torch.Generator().manual_seed(6)
+    for n in (24, 40, 28, 48):
+        q, k, v = (torch.randn(1, 2, n, 64, generator=g, dtype=torch.bfloat16) for _ in range(3))
+        got = compiled(q, k, v)
+        assert torch.equal(got, sa.sageattn(q, k, v)), n
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        assert torch.equal(got, sdpa) == (n < 32), n
+
+
 def test_hand_over_traces_whole(monkeypatch):
     """torch.compile(fullgraph=True) traces the hand-over (sdpa_kernel inside the graph) and
     gives eager's bits (CPU, dynamo's eager backend: the trace is what is tested)."""

@@ -61,7 +61,7 @@ def main() -> None:
         for d in (128, 64):
             q, k, v = inputs(args.n, args.heads, sink, d=d)
             o_ex, lse_ex = attention_exact(q, k, v, return_lse=True)
-            base = _cuda.reference_config(_cuda.SM90, "per_thread", "fp32+fp32", torch.bfloat16, head_dim=d)
+            base = _cuda.reference_config(_cuda.SM90, "per_thread", "fp32+fp32", torch.bfloat16)
             for krows, vrows, margin in configs:
                 cfg = base.with_(mma_bits=None, k_mean_rows=krows, v_amax_rows=vrows, v_amax_margin=margin)
                 o, lse = attention_quantized(q, k, v, return_lse=True, cfg=cfg)

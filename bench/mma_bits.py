@@ -61,7 +61,7 @@ def main():
                 else:
                     q, k, v = make_qkv(1, 4, 4, 1000, 1000, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=d)
                 o, lse = sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=causal, return_lse=True)
-                cfg = _cuda.reference_config(_cuda.SM90, "per_thread", "fp32+fp32", torch.bfloat16, head_dim=d)
+                cfg = _cuda.reference_config(_cuda.SM90, "per_thread", "fp32+fp32", torch.bfloat16)
                 cells = []
                 for _, bits, fn in MODELS:
                     R.mma_truncated = fn

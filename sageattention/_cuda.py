@@ -35,17 +35,10 @@ FAMILIES = {  # extension module -> op namespace
     "sageattention._qattn_sm90": "sageattention_sm90",
 }
 SM90 = "sageattention._qattn_sm90"
-#: head dims above 128 on the Hopper path run on the mma.sync fp8 kernel (same math)
-SM90_WIDE_FALLBACK = "sageattention._qattn_sm89"
 
 
 def _fp8(module: str) -> bool:
     return module.endswith(("sm89", "sm90"))
-
-
-def kernel_module(module: str, head_dim: int) -> str:
-    """The extension that runs ``module``'s function at ``head_dim``."""
-    return SM90_WIDE_FALLBACK if module == SM90 and head_dim > 128 else module
 
 
 def kv_block(module: str) -> int:
@@ -125,7 +118,6 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
     """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``. ``v_fp8_terms=2``
     (the Hopper kernel only) stores V as two e4m3 terms."""
     d = q.shape[3]
-    module = kernel_module(module, d)
     require(fn, module)
     op = ops(module)
     nhd = tensor_layout == "NHD"
@@ -160,11 +152,10 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
 
 
 def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype: torch.dtype,
-                     smooth_k: bool = True, smooth_v: bool = False, head_dim: int = 128, v_fp8_terms: int = 1):
+                     smooth_k: bool = True, smooth_v: bool = False, v_fp8_terms: int = 1):
     """The :class:`~sageattention.reference.QuantConfig` of what these kernels compute."""
     from .reference import FP8_E4M3_MAX, QuantConfig
 
-    module = kernel_module(module, head_dim)
     fp8 = _fp8(module)
     if fp8:
         pv = "fp8"

@@ -203,8 +203,8 @@ def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm
     dims, scale, _ = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     if v_fp8_terms == 2 and dims.head_dim > 128:
         raise ValueError(
-            f"{fn}: v_fp8_terms=2 needs a head dim of at most 128 (the Hopper kernel), got {dims.head_dim}: "
-            "head dims 129-256 run on the mma.sync fp8 kernel, which keeps V as one e4m3 term"
+            f"{fn}: v_fp8_terms=2 needs a head dim of at most 128, got {dims.head_dim}: "
+            "the Hopper kernel for head dims 129-256 keeps V as one e4m3 term (two do not fit its shared memory)"
         )
     return _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
                      smooth_k, smooth_v, return_lse, v_fp8_terms)

@@ -1,4 +1,5 @@
-"""Run every compiled kernel over the compute-sanitizer case list: D in {64, 128},
+"""Run every compiled kernel over the compute-sanitizer case list: D in {64, 128} (and 256 for
+the Hopper kernel, whose D=256 variant loads Q and K rows in two spans),
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs). Above 128 keys the last KV head's V has an outlier on a
 key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
@@ -45,7 +46,8 @@ def main(argv=None) -> int:
         # (heads_q, heads_kv, N): the case list, plus one with more 128-row work tiles (8 x 40)
         # than the GPU has SMs, so that a persistent kernel walks several per CTA
         shapes = [(4, 2, n) for n in (1, 17, 1000, 4097)] + [(40, 8, 1000)]
-        for d, (hq, hk, n), causal in itertools.product((64, 128), shapes, (False, True)):
+        dims = (64, 128, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (64, 128)
+        for d, (hq, hk, n), causal in itertools.product(dims, shapes, (False, True)):
             g = torch.Generator(device="cuda").manual_seed(n + d)
             q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
             k = torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
             o, lse = fn(q, k, v, is_causal=causal, return_lse=True, **opts)
             if backend in ("cuda_fp8", "cuda_sm90") and not opts.get("smooth_v") and not causal:
                 # quant_qkv as a V too large for L2 gets it: sampled scale, overflow flags, the group's fix
-                ext = _cuda.kernel_module(dispatch.BACKENDS[backend].extension, d)
+                ext = dispatch.BACKENDS[backend].extension
                 nk_pad = -(-n // _cuda.kv_block(ext)) * _cuda.kv_block(ext)
                 _cuda.ops(ext).quant_qkv(q, k, v, 0.1, 8, 4, True, False, False, _cuda.FP8_MAX,
                                          -(-n // _cuda.BLOCK_Q) * _cuda.BLOCK_Q, nk_pad, _cuda.padded_head_dim(d), False,

@@ -43,7 +43,7 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
     if smooth_v:
         kw["smooth_v"] = True
     o, lse = fn(q, k, v, **kw)
-    cfg = _cuda.reference_config(ext, gran, accum, dtype, smooth_v=smooth_v, head_dim=d)
+    cfg = _cuda.reference_config(ext, gran, accum, dtype, smooth_v=smooth_v)
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
     fp8 = backend in FP8_BACKENDS
     assert_close_to_reference(o, ro, dtype, f"{backend} {accum} {gran}", fp8=fp8)
@@ -52,7 +52,7 @@ def test_modes_against_reference(backend, accum, smooth_v, gran, dtype, d, causa
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("backend", ALL)
 def test_sink_against_reference(backend, d, causal):
     """An attention sink (tests/helpers.py): P spans from 1 down to the thin tail of every
@@ -65,30 +65,32 @@ def test_sink_against_reference(backend, d, causal):
     q, k, v = hostile_qkv("sink", 1000, d, torch.bfloat16, "cuda", heads=4)
     opts = cuda_defaults(backend)
     o, lse = fn(q, k, v, is_causal=causal, return_lse=True)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
     assert_close_to_reference(o, ro, torch.bfloat16, f"{backend} sink", fp8=backend in FP8_BACKENDS)
     assert_lse_close_to_reference(lse, rl)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("d", [36, 40, 100, 128])
+@pytest.mark.parametrize("d", [36, 40, 100, 128, 160, 256])
 def test_sm90_output_paths(d, layout):
     """The Hopper kernel writes O through shared memory and TMA where the output's rows and
     strides are 16-byte multiples (d = 40, 128; 40 with its second 64-column box clipped) and
-    with plain stores otherwise (d = 36, 100); rows past N (1000 = 7 tiles + 104) are clipped."""
+    with plain stores otherwise (d = 36, 100, and every d above 128: the D=256 kernel has no
+    room for the stage; 160 is zero-padded to 256); rows past N (1000 = 7 tiles + 104) are
+    clipped."""
     fn, ext = _need(SM90)
     q, k, v = make_qkv(1, 4, 2, 1000, 1000, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
     o, lse = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
     opts = cuda_defaults(SM90)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
     ro, rl = attention_quantized(q, k, v, layout, True, None, True, cfg)
     assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 d={d} {layout}", fp8=True)
     assert_lse_close_to_reference(lse, rl)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
     """The Hopper kernel's work tiles walked at a fixed stride (causal: one CTA per tile) and
     taken from a counter (SAGEATTN_SM90_SCHED=0 / 1), with far more tiles than SMs (3 x 40
@@ -105,7 +107,7 @@ def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
     assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between the schedules"
     assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between the schedules"
     opts = cuda_defaults(SM90)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
     assert_close_to_reference(runs["1"][0], ro, torch.bfloat16, f"sm90 d={d} counter schedule", fp8=True)
     assert_lse_close_to_reference(runs["1"][1], rl)
@@ -153,7 +155,7 @@ def test_sm90_cluster_pairs_agree(dtype, layout, monkeypatch):
     q, k, v = make_qkv(3, 40, 8, 4100, 3000, 128, dtype, layout, "cuda", k_bias=1.0, seed=7)
     o, lse = _single_and_paired(lambda: fn(q, k, v, tensor_layout=layout, return_lse=True), monkeypatch)
     opts = cuda_defaults(SM90)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], dtype, head_dim=128)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], dtype)
     ro, rl = attention_quantized(q, k, v, layout, False, None, True, cfg)
     assert_close_to_reference(o, ro, dtype, f"sm90 pairs {layout}", fp8=True)
     assert_lse_close_to_reference(lse, rl)
@@ -175,7 +177,7 @@ def test_sm90_v_two_terms_against_reference(d, nq, nk, causal, layout):
     o2, lse2 = fn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True, v_fp8_terms=2)
     o1 = fn(q, k, v, tensor_layout=layout, is_causal=causal)
     opts = cuda_defaults(SM90)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=d,
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16,
                                  v_fp8_terms=2)
     ro, rl = attention_quantized(q, k, v, layout, causal, None, True, cfg)
     assert_close_to_reference(o2, ro, torch.bfloat16, f"sm90 two V terms d={d} {layout}", fp8=True)
@@ -234,7 +236,7 @@ def test_misaligned_and_strided_inputs(backend):
     q, k, v = base[..., 1:73], base[..., 73:145], base[..., 2:74]  # D=72, odd offsets
     o = fn(q, k, v)
     opts = cuda_defaults(backend)
-    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16, head_dim=72)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
     assert_close_to_reference(o, attention_quantized(q, k, v, "HND", False, None, False, cfg), torch.bfloat16,
                               fp8=backend in FP8_BACKENDS)
 
@@ -493,11 +495,36 @@ def test_quant_qkv_long_sequences(nq, nk, d, smooth_k, smooth_v, v_full):
 @pytest.mark.parametrize("gran", ["per_warp", "per_thread"])
 @pytest.mark.parametrize("n", [17, 1000])
 def test_quant_qkv_d256_and_fp16_accum_scale(gran, n, smooth_v):
-    """Head dim 256 (the mma.sync fp8 family only) and V scaled for the fp16-accumulating PV."""
+    """Head dim 256 and V scaled for the fp16-accumulating PV (the mma.sync fp8 family)."""
     q, k, v = make_qkv(2, 2, 1, n, n, 256, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=n)
     new, old, k_torch, v_given = _quant_qkv_both(FP8, q, k, v, "HND", gran, True, smooth_v, True,
                                                  vmax=_cuda.V_MAX_FP16_ACCUM)
     _check_quant_qkv(new, old, k_torch, True, v_given, smooth_v)
+
+
+@pytest.mark.parametrize("n", [17, 1000])
+def test_sm90_quant_qkv_d256(n):
+    """Head dim 256 through the Hopper module's quant_qkv (128-key padding), which its D=256
+    attention kernel reads."""
+    q, k, v = make_qkv(2, 4, 2, n, n, 256, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=n)
+    new, old, k_torch, v_given = _quant_qkv_both(SM90, q, k, v, "HND", "per_thread", True, False, True)
+    _check_quant_qkv(new, old, k_torch, True, v_given, False)
+
+
+def test_sm90_attn_refuses_two_v_terms_at_d256():
+    """V as two e4m3 terms does not fit the D=256 kernel's shared memory: the op says so
+    (sageattn_qk_int8_pv_fp8_cuda_sm90 refuses the keyword before it gets here)."""
+    _, ext = _need(SM90)
+    op = _cuda.ops(ext)
+    b, h, n, dp = 1, 2, 128, 256
+    q8 = torch.zeros(b, h, n, dp, device="cuda", dtype=torch.int8)
+    scale = torch.ones(b, h, n // _cuda.WARP_Q, device="cuda")
+    k_scale = torch.ones(b, h, n // _cuda.BLOCK_K, device="cuda")
+    v = torch.zeros(b, h, 2 * dp, n, device="cuda").to(torch.float8_e4m3fn)
+    v_scale = torch.ones(b, h, dp, device="cuda")
+    with pytest.raises(RuntimeError, match="two e4m3 terms needs a head dim of at most 128, got 256"):
+        op.attn(q8, q8, v, scale, k_scale, v_scale, None, None, 1, 1, n, n, dp, False, _cuda.ACCUM["fp32+fp32"],
+                False, False, 1.0, torch.bfloat16)
 
 
 @pytest.mark.parametrize("n", [17, 1000])

@@ -80,7 +80,7 @@ def _reference_config(fn, q, k, layout="HND", causal=False, lse=False):
         return st.config_for(d, dtype, q.device, n_k).reference(dtype)
     if backend in CUDA_BACKENDS:
         return _cuda.reference_config(dispatch.BACKENDS[backend].extension, opts["qk_quant_gran"],
-                                      opts["pv_accum_dtype"], dtype, head_dim=d)
+                                      opts["pv_accum_dtype"], dtype)
     return None
 
 

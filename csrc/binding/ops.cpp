@@ -159,7 +159,7 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   const int64_t B = q8.size(0), Hq = q8.size(1), nq_pad = q8.size(2), Dp = q8.size(3);
   const int64_t Hkv = k8.size(1), nk_pad = k8.size(2);
 #if defined(SAGE_SM90)
-  TORCH_CHECK(Dp == 64 || Dp == 128, kOps, "::", op, ": head dim must be padded to 64 or 128, got ", Dp);
+  TORCH_CHECK(Dp == 64 || Dp == 128 || Dp == 256, kOps, "::", op, ": head dim must be padded to 64, 128 or 256, got ", Dp);
   const int64_t kv_block = sage::kSm90BlockK;
 #else
   TORCH_CHECK(Dp == 64 || Dp == 128 || Dp == 256, kOps, "::", op, ": head dim must be padded to 64, 128 or 256, got ", Dp);
@@ -192,6 +192,7 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
     TORCH_CHECK(v.is_contiguous() && v.sizes() == at::IntArrayRef({B, Hkv, terms * Dp, nk_pad}), kOps, "::", op,
                 ": fp8 v must be contiguous ", shapes, ", got ", v.sizes());
     p.v_terms = static_cast<int>(terms);
+    TORCH_CHECK(terms == 1 || Dp <= 128, kOps, "::", op, ": v as two e4m3 terms needs a head dim of at most 128, got ", Dp);
     TORCH_CHECK(v_scale.has_value(), kOps, "::", op, ": fp8 v needs v_scale");
     check_f32(*v_scale, op, "v_scale", {B, Hkv, Dp});
     p.v_scale = v_scale->data_ptr<float>();

@@ -66,22 +66,33 @@ struct Sm90Args {
 
 template <int D, int NC, int VX = 1>
 struct Sm90Shape {
-  static_assert(D == 64 || D == 128, "native head dims");
+  static_assert(D == 64 || D == 128 || D == 256, "native head dims");
   static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
   static_assert(VX == 1 || VX == 2, "V as one e4m3 term or two");
+  static_assert(D != 256 || (NC == 2 && VX == 1), "D=256: two consumers (O alone is 128 registers), one V term");
   static constexpr int kNC = NC, kVX = VX;
-  // three consumers at D=128: the PV product in two halves of 64 columns, each waited for and
-  // folded before the next GEMM, so that O_blk is never live whole beside O (160 registers)
-  static constexpr bool kSplitPV = D == 128 && kNC == 3;
+  // The PV product in two halves of D/2 columns, each waited for and folded before the next
+  // GEMM, so that O_blk is never live whole beside O: three consumers at D=128 (160
+  // registers), and D=256 (O alone takes 128 of a consumer's 240)
+  static constexpr bool kSplitPV = (D == 128 && kNC == 3) || D == 256;
   static constexpr int kKbu = kSplitPV ? 1 : 2;  // the key loop's unroll (2 spills 476 bytes with kSplitPV)
-  static constexpr int kBQ = 64 * kNC, kBK = kSm90BlockK, kStages = D == 64 ? 4 : 3, kThreads = 128 * (kNC + 1);
+  // K/V ring depth: what fits beside two Q buffers (D=256: one K and one V tile are 65 KiB)
+  static constexpr int kBQ = 64 * kNC, kBK = kSm90BlockK, kStages = D == 64 ? 4 : D == 128 ? 3 : 2,
+                       kThreads = 128 * (kNC + 1);
+  // With two stages a K slot is refilled as soon as every consumer has its S (empty_k), not
+  // after the PV product of the same tile, so the next K tile loads during a whole turn
+  static constexpr bool kSepK = kStages == 2;
   // O leaves through a shared-memory stage and TMA, except with V in two terms at D=128 and
-  // three consumers: the stage's 48 KiB then hold the second V terms of a 3-deep ring
-  static constexpr bool kOStage = !(VX == 2 && D == 128 && NC == 3);
+  // three consumers (the stage's 48 KiB then hold the second V terms of a 3-deep ring) and at
+  // D=256 (no room)
+  static constexpr bool kOStage = !(VX == 2 && D == 128 && NC == 3) && D != 256;
   // registers per consumer thread after setmaxnreg (the producer keeps 24): 65536 in all
   static constexpr int kConsRegs = kNC == 2 ? 240 : 160;
   static constexpr int kQBufs = 2;    // Q of the next work tile lands while this one runs
-  static constexpr int kQKSwizzle = D;  // one int8 row of Q or K is one swizzle span
+  // Q and K rows are loaded in spans of kSpan bytes (a 64- or 128-byte swizzle span): one span
+  // per row at D <= 128; at D=256 two, each span of a tile a [rows, 128] block of its own
+  static constexpr int kSpan = D == 64 ? 64 : 128, kSpans = D / kSpan;
+  static constexpr int kQKSwizzle = kSpan;
   static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
   // Each V^T stage is followed by 8 rows of e4m3 ones (written once): the PV product over
   // D + 8 rows gives O and, in its last 8 columns, the row sums of the e4m3 P it multiplied.
@@ -97,8 +108,9 @@ struct Sm90Shape {
   static constexpr int kOffO = kOffV + kStages * kVStride;
   static_assert(kOffO % 1024 == 0, "TMA's 128-byte swizzle needs 1024-byte aligned boxes");
   static constexpr int kOffBar = kOffO + (kOStage ? kNC * kOBytes : 0);
-  static constexpr int kBars = 2 * kQBufs + 4 * kStages;
+  static constexpr int kBars = 2 * kQBufs + 5 * kStages;
   static constexpr int kSmem = kOffBar + 8 * kBars + 1024;  // + slack to align the base to 1024
+  static_assert(kSmem <= 227 * 1024, "sm_90's shared memory per CTA");
 };
 
 // 2^x on the FMA pipe, for a share of the softmax's exponentials: the MUFU unit does 16 per
@@ -177,6 +189,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
   uint64_t* full_v = full_k + ST;             // [ST]
   uint64_t* empty = full_v + ST;              // [ST]
   uint64_t* peer_empty = empty + ST;          // [ST] (CL = 2) the other CTA's slot is free too
+  uint64_t* empty_k = peer_empty + ST;        // [ST] (kSepK) K of the slot is consumed; `empty` then means V
   // With the tile counter, the index of the work tile in each Q buffer goes from the producer to
   // the consumers through p.tile_counter[1 + 2 * blockIdx.x + buffer], written before the
   // producer's arrival on that buffer's full_q barrier and read after the consumers' wait on it
@@ -200,6 +213,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       mbar_init(&full_v[s], 1);
       mbar_init(&empty[s], 4 * NC);
       if constexpr (CL == 2) mbar_init(&peer_empty[s], 1);
+      if constexpr (S::kSepK) mbar_init(&empty_k[s], 4 * NC);
     }
     mbar_fence_init();
   }
@@ -246,9 +260,22 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
         mbar_expect_tx(&full_q[qb], S::kQBytes);
-        tma_load_2d(smem + qb * S::kQBytes, &a.tq, 0, static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
+#pragma unroll
+        for (int sp = 0; sp < S::kSpans; ++sp)
+          tma_load_2d(smem + qb * S::kQBytes + sp * S::kBQ * S::kSpan, &a.tq, sp * S::kSpan,
+                      static_cast<int>(bh * p.nq_pad + tl.q0), &full_q[qb]);
         for (int kb = 0; kb < tl.nkb; ++kb, ++c) {
           const int st = c % ST;
+          if constexpr (S::kSepK) {
+            // K's slot is free once every consumer has S of the tile it held; V's (below) once
+            // every consumer has folded its PV product
+            if (c >= ST) mbar_wait(&empty_k[st], ((c / ST) & 1) ^ 1);
+            mbar_expect_tx(&full_k[st], S::kKBytes);
+#pragma unroll
+            for (int sp = 0; sp < S::kSpans; ++sp)
+              tma_load_2d(smem + S::kOffK + st * S::kKBytes + sp * BK * S::kSpan, &a.tk, sp * S::kSpan,
+                          static_cast<int>(bhk * p.nk_pad + kb * BK), &full_k[st]);
+          }
           if (c >= ST) {
             mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
             if constexpr (CL == 2) {
@@ -260,9 +287,12 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           }
           // the whole tile lands here; with CL = 2 this CTA loads its half (the other CTA's half
           // may come first) into both CTAs
-          mbar_expect_tx(&full_k[st], S::kKBytes);
-          load_kv(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / CL), &a.tk, 0,
-                  static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / CL)), &full_k[st]);
+          if constexpr (!S::kSepK) {
+            static_assert(S::kSpans == 1, "K rows in one span");
+            mbar_expect_tx(&full_k[st], S::kKBytes);
+            load_kv(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / CL), &a.tk, 0,
+                    static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / CL)), &full_k[st]);
+          }
           mbar_expect_tx(&full_v[st], VX * S::kVBytes);
 #pragma unroll
           for (int tm = 0; tm < VX; ++tm)  // V^T rows of term tm: (bhk * VX + tm) * D on
@@ -324,7 +354,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       const int qwb = NC == 2 ? row_w / kAttnWarpQ : min(row_w / kAttnWarpQ, nwb - 1);
       const float qsc = p.q_scale[(bh * nwb + qwb) * p.q_groups + (p.q_groups == 8 ? g : 0)];
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
-      const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * D));
+      const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * S::kSpan));
 
       float o[D / 2];
       float blk[D / 2 + 4];  // (unused with kSplitPV) PV of one tile and the row sums of its P (written by the tensor cores)
@@ -378,16 +408,17 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           l[1] = l[1] * alpha[1] + acc[L - 2];
         }
       };
-      // Split PV (kSplitPV): columns 0-63 waited for and folded, then 64-127 and the sums.
+      // Split PV (kSplitPV): columns 0 to D/2 - 1 waited for and folded, then the rest and the sums.
       auto split_pv = [&]() {
-        float ba[32], bb[36];
+        constexpr int H = S::kSplitPV ? D / 2 : 64;  // (a width with a wrapper where it is not used)
+        float ba[H / 2], bb[H / 2 + 4];
         issue_pv(ba, 0);
         wgmma_wait<0>();
         fold(ba, 0, false);
         wgmma_fence();
-        issue_pv(bb, 64);
+        issue_pv(bb, H);
         wgmma_wait<0>();
-        fold(bb, 32, true);
+        fold(bb, H / 2, true);
       };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
@@ -423,9 +454,12 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < D / 32; ++ks) {
-          constexpr int SW = S::kQKSwizzle;
+          // 32 bytes of each row per step; past the first span, the next [rows, kSpan] block
+          constexpr int SW = S::kQKSwizzle, KPS = S::kSpan / 32;
+          const uint32_t oq = 2 * (ks % KPS) + (ks / KPS) * ((S::kBQ * S::kSpan) >> 4);
+          const uint32_t ok = 2 * (ks % KPS) + (ks / KPS) * ((BK * S::kSpan) >> 4);
           if (ks == 0) wgmma_s8_ss_zero<BK>(sacc, kmajor_desc_at<SW>(dq), kmajor_desc_at<SW>(dk));
-          else wgmma_s8_ss<BK>(sacc, kmajor_desc_at<SW>(dq + 2 * ks), kmajor_desc_at<SW>(dk + 2 * ks), 1);
+          else wgmma_s8_ss<BK>(sacc, kmajor_desc_at<SW>(dq + oq), kmajor_desc_at<SW>(dk + ok), 1);
         }
         wgmma_commit();
         named_bar_arrive<256>(other_turn);
@@ -444,6 +478,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) reg_fence(sacc[i]);
+        if constexpr (S::kSepK) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty_k[st]);  // K of this slot is consumed
+        }
 
         // Softmax, few instructions per element. An int32 s becomes the float 1.5*2^23 + s
         // exactly (|s| < 2^22) with one integer add; that float is monotone in s, so the row
@@ -664,6 +702,8 @@ template <int D, int VX>
 cudaError_t attn_sm90_dv(const AttnParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     return attn_sm90_launch<D, 3, VX>(p, stream);
+  } else if constexpr (D == 256) {
+    return attn_sm90_launch<D, 2, VX>(p, stream);
   } else {
     return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3, VX>(p, stream) : attn_sm90_launch<D, 2, VX>(p, stream);
   }
@@ -671,7 +711,11 @@ cudaError_t attn_sm90_dv(const AttnParams& p, cudaStream_t stream) {
 
 template <int D>
 cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {
-  return p.v_terms == 2 ? attn_sm90_dv<D, 2>(p, stream) : attn_sm90_dv<D, 1>(p, stream);
+  if constexpr (D == 256) {  // V in two terms does not fit D=256's shared memory
+    return p.v_terms == 2 ? cudaErrorInvalidValue : attn_sm90_dv<D, 1>(p, stream);
+  } else {
+    return p.v_terms == 2 ? attn_sm90_dv<D, 2>(p, stream) : attn_sm90_dv<D, 1>(p, stream);
+  }
 }
 
 }  // namespace sage

@@ -7,9 +7,10 @@
 
 namespace sage {
 
-// instantiated in attn_sm90_d{64,128}.cu
+// instantiated in attn_sm90_d{64,128,256}.cu
 extern template cudaError_t attn_sm90_d<64>(const AttnParams&, cudaStream_t);
 extern template cudaError_t attn_sm90_d<128>(const AttnParams&, cudaStream_t);
+extern template cudaError_t attn_sm90_d<256>(const AttnParams&, cudaStream_t);
 
 namespace {
 
@@ -64,12 +65,14 @@ bool encode_o(CUtensorMap* m, const AttnParams& p) {
 }  // namespace
 
 cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_parts, Sm90Args& a) {
-  const CUtensorMapSwizzle qk_swizzle = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  // Q and K rows in spans of 64 bytes (D=64) or 128 (D=128; D=256 in two boxes per tile)
+  const uint32_t span = d == 64 ? 64 : 128;
+  const CUtensorMapSwizzle qk_swizzle = span == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const uint64_t q_rows = static_cast<uint64_t>(p.batch) * p.heads_q * p.nq_pad;
   const uint64_t kv_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * p.nk_pad;
   const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * (p.v_terms == 2 ? 2 : 1) * d;
-  const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, d, qk_swizzle) &&
-                  encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, d, qk_swizzle) &&
+  const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, span, qk_swizzle) &&
+                  encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, span, qk_swizzle) &&
                   encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
   a.o_tma = encode_o(&a.to, p) ? 1 : 0;
@@ -88,6 +91,7 @@ int sm90_grid(int64_t tiles) {
 
 int sm90_consumers(const AttnParams& p, int head_dim) {
   if (head_dim == 64) return 3;
+  if (head_dim == 256) return 2;
   // SAGEATTN_SM90_NC3_KEYS moves both switch-overs of D=128, for tests (1: always three)
   static const int env_keys = [] {
     const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
@@ -107,7 +111,7 @@ bool sm90_cluster_ok(const AttnParams& p, int bq, int64_t tiles, int grid) {
 }
 
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
-  if (head_dim != 64 && head_dim != 128) return 0;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
   const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process
   const int forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
   const int64_t tiles = sm90_tiles(p, 64 * sm90_consumers(p, head_dim));
@@ -126,6 +130,7 @@ cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
     case 64: return attn_sm90_d<64>(p, stream);
     case 128: return attn_sm90_d<128>(p, stream);
+    case 256: return attn_sm90_d<256>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

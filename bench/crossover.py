@@ -1,6 +1,6 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check] [--repeats 3] [--out bench/results]
+    python bench/crossover.py [--set square rect check wide] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
   - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
@@ -14,7 +14,9 @@ not, B x H 4 x 32 and 1 x 16) and ``rect`` (D=128, non-causal, B x H 2 x 24: sho
 long Nk, as in chunked prefill, and long Nq against short Nk, as in a video model's
 cross-attention to its text tokens) were measured to set sageattn's short-call limits on sm90
 (dispatch.HAND_OVER); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
-limits on. Writes the Markdown table and JSON into --out.
+limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
+4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length. Writes
+the Markdown table and JSON into --out.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ CHECK = (
 )
 
 
+WIDE_N = (1024, 2048, 3072, 4096, 8192)
+WIDE = [(b, h, h, n, n, d, c) for d in (256, 192, 160) for c in (False, True) for b, h in SQUARE_BH for n in WIDE_N]
+
+
 def shapes(sets):
     """(b, h, h_kv, nq, nk, d, causal) of the chosen sets."""
     out = []
@@ -59,6 +65,8 @@ def shapes(sets):
         out += [(2, 24, 24, nq, nk, 128, False) for nq, nk in RECT]
     if "check" in sets:
         out += CHECK
+    if "wide" in sets:
+        out += WIDE
     return out
 
 
@@ -142,7 +150,7 @@ def markdown(kname, rows, repeats):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", nargs="*", default=["square", "rect"], choices=["square", "rect", "check"])
+    ap.add_argument("--set", nargs="*", default=["square", "rect"], choices=["square", "rect", "check", "wide"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -34,10 +34,11 @@ def main() -> None:
         print(f"sageattn uses {choice.backend}")
         s = choice.hand_over
         if s is not None:  # dispatch.HAND_OVER
-            print(f"  without return_lse, to SDPA (cuDNN first): head dims above {s.head_dim_above}; "
+            wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < 256 else ""
+            print(f"  without return_lse, to SDPA (cuDNN first): {wide}"
                   f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
-                  f"({s.length_causal_d64} at D <= 64), or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, "
-                  f"causal 2^{s.pairs_causal.bit_length() - 1}")
+                  f"({s.length_causal_d64} at D <= 64, {s.length_padded} at 128 < D < 256), "
+                  f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1}")
         else:
             print("  every call, no hand-over to SDPA (none measured for this GPU: dispatch.HAND_OVER)")
     except RuntimeError as exc:

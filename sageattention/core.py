@@ -121,10 +121,11 @@ def sageattn(
     """Quantized attention with the fastest kernel available for the GPU.
 
     On H100-class GPUs (H100, H800, H200, GH200), calls without ``return_lse`` go to SDPA
-    (cuDNN first, exact) where cuDNN is faster: head dims above 128, where every kernel of ours
-    is 2-4x slower, and calls too short for the quantization to pay (``dispatch.HAND_OVER``:
-    about N < 2048, causal N < 3072, decode-like Nq). README, "Supported GPUs"; the kernel
-    functions always run ours.
+    (cuDNN first, exact) where cuDNN is faster: calls too short for the quantization to pay
+    (``dispatch.HAND_OVER``: about N < 2048, causal N < 3072, decode-like Nq; N < 8192 for head
+    dims between 128 and 256, which the kernel pads to 256), and head dims above 128 when the
+    sm90 kernel is missing (the other kernels are 2-4x slower than cuDNN there). README,
+    "Supported GPUs"; the kernel functions always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
     inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or

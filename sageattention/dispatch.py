@@ -57,53 +57,66 @@ _SM90 = Choice("cuda_sm90", {"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "pe
 _TRITON = Choice("triton")
 
 class HandOver(NamedTuple):
-    """Which calls ``sageattn`` hands to SDPA, cuDNN first (core._run_sdpa), whichever kernel of
-    ours was chosen (:func:`goes_to_sdpa`): head dims above ``head_dim_above``, and calls too
-    small for the quantized kernel to beat SDPA (:func:`short_call`).
+    """Which calls ``sageattn`` hands to SDPA, cuDNN first (core._run_sdpa) (:func:`goes_to_sdpa`):
+    head dims above ``head_dim_above``, and calls too small for the quantized kernel to beat
+    SDPA (:func:`short_call`).
 
     A call's length is ``L = 3·Nq·Nk / (Nq + 2·Nk)``: ``N`` when ``Nq == Nk``, and in general the
     attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
     so. Below ``length`` (``length_causal`` for causal calls, ``length_causal_d64`` for causal
-    calls with head dim <= 64) the quantization costs more than the kernel saves; below ``pairs``
-    (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is too small to fill the GPU."""
+    calls with head dim <= 64, ``length_padded`` for head dims between 128 and 256, which the
+    kernel runs zero-padded to 256 while SDPA runs them at their width) the quantization costs
+    more than the kernel saves; below ``pairs`` (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is
+    too small to fill the GPU."""
 
     head_dim_above: int
     length: int
     length_causal: int
     length_causal_d64: int
+    length_padded: int
     pairs: int
     pairs_causal: int
 
 
-#: sm90 parts with the H100's tensor rate per SM (H100, H800, H200, GH200), measured on an H100
-#: beside SDPA:
-#: - head dims: above D=128 the wgmma kernel hands over to the mma.sync fp8 kernel, and that, the
-#:   fp16 one and Triton reach 78-259 TOPS at D=256 against cuDNN's 438-691 (N 1k-16k,
-#:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-15c809f-d256.md);
-#: - short calls (bench/crossover.py; the ``square`` and ``rect`` sets,
+#: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
+#: H200, GH200), measured on an H100 beside SDPA with bench/crossover.py:
+#: - short calls (the ``square`` and ``rect`` sets,
 #:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
 #:   cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with 16 heads it is
 #:   1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for
 #:   one shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was
-#:   2^28 there).
-GH100_FULL = HandOver(128, 2048, 3072, 4096, 1 << 28, 1 << 30)
+#:   2^28 there);
+#: - head dims above 128 (the ``wide`` set, …-1389d44-crossover.md): at D=256 the same limits
+#:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
+#:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
+#:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
+#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192.
+GH100_SM90 = HandOver(256, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30)
+#: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
+#: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
+#: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
+GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 
-#: Per compute capability, which calls ``sageattn`` hands to SDPA: rows of (pattern, limits), the
-#: first whose pattern is found (``re.search``) in the GPU's name wins; no row, or none that
-#: matches: no hand-over (the chosen kernel runs every call, as upstream's sageattn). Where the
-#: limits come from depends on the tensor rate and the memory bandwidth, so a row names the parts
-#: it was measured on or that share their chip and rates: the H20, an sm90 part with a fraction
-#: of the H100's tensor rate, is not one of them (not measured: the quantized kernels' advantage
-#: there is larger, and the limits would hand over calls they win).
-HAND_OVER: Dict[Tuple[int, int], Tuple[Tuple[str, HandOver], ...]] = {
-    (9, 0): ((r"\b(H100|H800|H200|GH200)\b", GH100_FULL),),
+_GH100 = r"\b(H100|H800|H200|GH200)\b"
+
+#: Per compute capability, which calls ``sageattn`` hands to SDPA: rows of (GPU name pattern,
+#: backend, limits); the first row whose pattern is found (``re.search``) in the GPU's name and
+#: whose backend is the chosen one (None: any) wins; no row, or none that matches: no hand-over
+#: (the chosen kernel runs every call, as upstream's sageattn). Where the limits come from
+#: depends on the tensor rate and the memory bandwidth, so a row names the parts it was measured
+#: on or that share their chip and rates: the H20, an sm90 part with a fraction of the H100's
+#: tensor rate, is not one of them (not measured: the quantized kernels' advantage there is
+#: larger, and the limits would hand over calls they win).
+HAND_OVER: Dict[Tuple[int, int], Tuple[Tuple[str, Optional[str], HandOver], ...]] = {
+    (9, 0): ((_GH100, "cuda_sm90", GH100_SM90), (_GH100, None, GH100_OTHERS)),
 }
 
 
-def hand_over_for(capability: Tuple[int, int], gpu_name: str) -> Optional[HandOver]:
-    """The :data:`HAND_OVER` limits for a GPU of ``capability`` named ``gpu_name`` (None: none)."""
-    for pattern, limits in HAND_OVER.get(tuple(capability), ()):
-        if re.search(pattern, gpu_name):
+def hand_over_for(capability: Tuple[int, int], gpu_name: str, backend: str) -> Optional[HandOver]:
+    """The :data:`HAND_OVER` limits for ``backend`` on a GPU of ``capability`` named ``gpu_name``
+    (None: none)."""
+    for pattern, for_backend, limits in HAND_OVER.get(tuple(capability), ()):
+        if for_backend in (None, backend) and re.search(pattern, gpu_name):
             return limits
     return None
 
@@ -199,7 +212,7 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
     for choice in prefs:
         if choice.backend in available:
             skipped = prefs[0].backend if choice is not prefs[0] else None
-            return replace(choice, hand_over=hand_over_for(capability, gpu_name)), skipped
+            return replace(choice, hand_over=hand_over_for(capability, gpu_name, choice.backend)), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
         f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "
@@ -279,11 +292,13 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
                causal: bool) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``.
     Causal calls with ``Nq != Nk`` never are (not measured; SDPA's flash backend refuses them)."""
-    _, length, length_causal, length_causal_d64, pairs, pairs_causal = limits
+    _, length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal = limits
     if causal and len_q != len_k:
         return False
     if causal:
         length, pairs = (length_causal_d64 if head_dim <= 64 else length_causal), pairs_causal
+    if 128 < head_dim < 256:
+        length = max(length, length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
 

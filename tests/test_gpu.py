@@ -287,10 +287,12 @@ def _h100_class():
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("d", [160, 256])
-def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
-    """On H100-class GPUs (dispatch.HAND_OVER), head dims above 128 without return_lse run SDPA
-    (cuDNN first), with the LSE our kernel; elsewhere sageattn keeps its kernel (the results
-    must differ from SDPA's)."""
+def test_sageattn_wide_heads_on_hopper(layout, d):
+    """On H100-class GPUs (dispatch.HAND_OVER), a short call with a head dim above 128 and no
+    return_lse runs SDPA (cuDNN first), with the LSE our kernel; a long one (N = 8192 with the
+    head dim padded to 256, 2048 at D=256) the wgmma kernel where it is the choice, SDPA where
+    another kernel of ours is. Elsewhere sageattn keeps its kernel (the results must differ from
+    SDPA's)."""
     q, k, v = make_qkv(2, 4, 2, 300, 300, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05)
     assert o.shape == q.shape and o.is_contiguous()
@@ -304,6 +306,14 @@ def test_sageattn_gives_wide_heads_to_sdpa_on_hopper(layout, d):
     assert not torch.equal(hnd(o_lse, layout), ref), "with return_lse the quantized kernel runs"
     assert_close_to_fp32(hnd(o_lse, layout), hnd(sdpa_fp32(q, k, v, layout, True, scale=0.05), layout),
                          **FP8_VS_FP32)
+    n, h = (2048, 64) if d == 256 else (8192, 4)  # 2^28 query-key pairs each
+    q, k, v = make_qkv(1, h, h, n, n, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d + 1)
+    o = sa.sageattn(q, k, v, tensor_layout=layout)
+    choice = dispatch.choose(q.device)
+    ours = not sdpa_here or choice.backend == "cuda_sm90"
+    assert torch.equal(hnd(o, layout), _sdpa_cudnn_first(q, k, v, layout, False)) != ours
+    if ours:
+        assert torch.equal(o, FUNCS[choice.backend](q, k, v, tensor_layout=layout, **choice.options))
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

@@ -404,7 +404,7 @@ def attention_quantized(
     """
     qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
     B, hq, nq, d = qh.shape
-    hk, nk = kh.shape[1], kh.shape[2]
+    nk = kh.shape[2]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     f64 = torch.float64
 

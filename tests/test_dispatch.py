@@ -185,9 +185,10 @@ def test_short_call_limits_agree_with_the_measured_crossover(run):
 # above 128 (1389d44, the wide set: at D=160 and 192 the crossover moves with the head count
 # between N=4096 and 8192, so one length leaves a shape or two near the line on either side;
 # worst: 4 x 32 x 4096^2 at D=160, handed over with the kernel 4 % faster), and the H200 runs at
-# f331d83 (square; rect and check), which were not used to set the limits
+# f331d83 (square; rect and check) and 4131a19 (wide), which were not used to set the limits
 ROUTED_RUNS = {f"2026-11-24-NVIDIA_H100_80GB_HBM3-{run}-crossover": n for run, n in CROSSOVER.items()}
 ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
+                    "2026-11-24-NVIDIA_H200-4131a19-crossover": 60,
                     "2026-11-24-NVIDIA_H200-f331d83-crossover-square": 48,
                     "2026-11-24-NVIDIA_H200-f331d83-crossover-rect-check": 46})
 

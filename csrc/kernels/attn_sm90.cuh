@@ -32,6 +32,10 @@
 // With VX = 2 (v_fp8_terms=2) V^T comes as two e4m3 terms per value and the PV product runs
 // over both into one accumulator (Sm90Shape's comment).
 //
+// D=256 (head dims 129-256, zero-padded) is the same kernel with two consumers, the PV product
+// in two halves, Q and K rows loaded as two 128-byte spans, and a 2-deep K/V ring whose K slots
+// are freed as soon as S is read (Sm90Shape: kSplitPV, kSpans, kSepK).
+//
 // Inputs are the outputs of quant_int8 (Q: 16-row scale blocks, K: 64-row blocks) and
 // quant_v_fp8 (V^T with tokens permuted inside 16-token groups so that the accumulator
 // layout of S is directly the A-fragment layout of P; see quant_fp8.cu).

@@ -34,7 +34,7 @@ def main() -> None:
         print(f"sageattn uses {choice.backend}")
         s = choice.hand_over
         if s is not None:  # dispatch.HAND_OVER
-            wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < 256 else ""
+            wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
             print(f"  without return_lse, to SDPA (cuDNN first): {wide}"
                   f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
                   f"({s.length_causal_d64} at D <= 64, {s.length_padded} at 128 < D < 256), "

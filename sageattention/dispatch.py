@@ -18,6 +18,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from ._checks import MAX_HEAD_DIM
+
 MIN_CAPABILITY = (8, 0)
 
 
@@ -91,7 +93,7 @@ class HandOver(NamedTuple):
 #:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
 #:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
 #:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192.
-GH100_SM90 = HandOver(256, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30)
+GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30)  # no head dim handed over
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
@@ -297,7 +299,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
         return False
     if causal:
         length, pairs = (length_causal_d64 if head_dim <= 64 else length_causal), pairs_causal
-    if 128 < head_dim < 256:
+    if 128 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs

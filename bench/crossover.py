@@ -1,6 +1,7 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide] [--repeats 3] [--out bench/results]
+    python bench/crossover.py [--set square rect check wide causal-rect] [--lse] [--repeats 3]
+                              [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
   - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
@@ -15,8 +16,12 @@ long Nk, as in chunked prefill, and long Nq against short Nk, as in a video mode
 cross-attention to its text tokens) were measured to set sageattn's short-call limits on sm90
 (dispatch.HAND_OVER); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
 limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
-4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length. Writes
-the Markdown table and JSON into --out.
+4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length;
+``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i). With
+``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
+sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
+log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
+bottom-right). Writes the Markdown table and JSON into --out.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ CHECK = (
 
 WIDE_N = (1024, 2048, 3072, 4096, 8192)
 WIDE = [(b, h, h, n, n, d, c) for d in (256, 192, 160) for c in (False, True) for b, h in SQUARE_BH for n in WIDE_N]
+CAUSAL_RECT = ([(2, 24, 24, nq, nk, 128, True) for nq, nk in RECT if nq >= 256]
+               + [(4, 32, 32, nq, nk, d, True) for d in (128, 64)
+                  for nq, nk in ((1024, 4096), (2048, 8192), (4096, 2048), (8192, 4096))])
 
 
 def shapes(sets):
@@ -67,7 +75,20 @@ def shapes(sets):
         out += CHECK
     if "wide" in sets:
         out += WIDE
+    if "causal-rect" in sets:
+        out += CAUSAL_RECT
     return out
+
+
+def pairs_of(nq, nk, causal):
+    """Query-key pairs a call computes: nq·nk, causal (top-left) sum over i < nq of min(i + 1, nk),
+    taken as n²/2 when nq == nk (bench.py's count)."""
+    if not causal:
+        return nq * nk
+    if nq == nk:
+        return nq * nk / 2
+    m = min(nq, nk)
+    return m * (m + 1) / 2 + (nq - m) * nk
 
 
 def kernel_call(device):
@@ -77,7 +98,7 @@ def kernel_call(device):
     choice = dispatch.choose(device)
     fn = getattr(sa, dispatch.BACKENDS[choice.backend].function)
     opts = dict(choice.options)
-    return choice.backend, lambda q, k, v, c: fn(q, k, v, is_causal=c, **opts)
+    return choice.backend, lambda q, k, v, c, **kw: fn(q, k, v, is_causal=c, **opts, **kw)
 
 
 def calls(device):
@@ -86,18 +107,39 @@ def calls(device):
     return name, {"kernel": kernel, **sdpa, "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c)}
 
 
-def route(device, b, h, hkv, nq, nk, d, causal):
+def lse_calls(device):
+    """The same four, each returning (o, lse)."""
+    from sageattention import _sdpa
+
+    name, kernel = kernel_call(device)
+
+    def cudnn(q, k, v, c):
+        res = _sdpa.sdpa_lse(q, k, v, c, q.shape[-1] ** -0.5)
+        if res is None:
+            raise RuntimeError("torch's check: cuDNN attention cannot run this call")
+        return res
+
+    def flash(q, k, v, c):
+        if c and q.shape[2] != k.shape[2]:
+            raise RuntimeError("flash aligns causal Nq != Nk bottom-right")
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, c, False, scale=q.shape[-1] ** -0.5)[:2]
+
+    return name, {"kernel": lambda q, k, v, c: kernel(q, k, v, c, return_lse=True), "sdpa_cudnn": cudnn,
+                  "sdpa_flash": flash, "sageattn": lambda q, k, v, c: sa.sageattn(q, k, v, is_causal=c, return_lse=True)}
+
+
+def route(device, b, h, hkv, nq, nk, d, causal, lse=False):
     """Where sageattn sends the call: "sdpa" or "kernel"."""
     from sageattention import dispatch
     from sageattention._checks import Dims
 
     limits = dispatch.chosen(device)[2]
-    return "sdpa" if dispatch.goes_to_sdpa(limits, Dims(b, h, hkv, nq, nk, d), causal, False) else "kernel"
+    return "sdpa" if dispatch.goes_to_sdpa(limits, Dims(b, h, hkv, nq, nk, d), causal, lse) else "kernel"
 
 
-def run(sets, repeats):
+def run(sets, repeats, lse=False):
     dev = torch.device("cuda")
-    kname, table = calls(dev)
+    kname, table = (lse_calls if lse else calls)(dev)
     rows = []
     for b, h, hkv, nq, nk, d, causal in shapes(sets):
         q = torch.randn(b, h, nq, d, device=dev, dtype=torch.bfloat16)
@@ -113,17 +155,21 @@ def run(sets, repeats):
         for name in B.rounds(list(ok), repeats, "rotate"):
             ok[name].append(B.time_ms(lambda: table[name](q, k, v, causal)))
         us = {n: 1e3 * statistics.median(t) for n, t in ok.items()}
-        # causal (top-left): query i sees keys 0..i, so nq*nk/2 pairs when nq == nk
-        pairs = nq * nk / 2 if causal else nq * nk
+        pairs = pairs_of(nq, nk, causal)
         row = dict(b=b, h=h, hkv=hkv, nq=nq, nk=nk, d=d, causal=causal, us=us, repeats_ms=ok,
-                   route=route(dev, b, h, hkv, nq, nk, d, causal),
+                   route=route(dev, b, h, hkv, nq, nk, d, causal, lse), lse=lse,
                    tops={n: 4 * b * h * pairs * d / (t * 1e-6) / 1e12 for n, t in us.items()})
         rows.append(row)
-        best = min(("sdpa_cudnn", "sdpa_flash"), key=lambda n: us.get(n, float("inf")))
         print(f"{b}x{h}/{hkv} Nq={nq:<6} Nk={nk:<6} D={d:<4} causal={int(causal)}  "
               + "  ".join(f"{n} {t:9.1f}" for n, t in us.items())
-              + f"  kernel/{best} {us['kernel'] / us[best]:.2f} route {row['route']}", flush=True)
+              + f"  kernel/best SDPA {_ratio(us)} route {row['route']}", flush=True)
     return kname, rows
+
+
+def _ratio(us):
+    """The kernel's time over the faster SDPA backend's, as text ("n/a": neither ran the call)."""
+    sdpa = [us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us]
+    return f"{us['kernel'] / min(sdpa):.2f}" if sdpa and "kernel" in us else "n/a"
 
 
 def markdown(kname, rows, repeats):
@@ -139,27 +185,29 @@ def markdown(kname, rows, repeats):
     ]
     for r in rows:
         us = r["us"]
-        best = min(us.get("sdpa_cudnn", float("inf")), us.get("sdpa_flash", float("inf")))
         cells = [f"{us[n]:.1f}" if n in us else "n/a" for n in names]
         heads = f"{r['b']}x{r['h']}" + (f" / {r['hkv']}" if r.get("hkv", r["h"]) != r["h"] else "")
         lines.append(f"| {heads} | {r['nq']} | {r['nk']} | {r['d']} | {int(r['causal'])} | "
                      + " | ".join(cells)
-                     + f" | {us['kernel'] / best:.2f} | {r.get('route', '')} | {r['tops']['kernel']:.0f} | {r['tops'].get('sdpa_cudnn', 0):.0f} |")
+                     + f" | {_ratio(us)} | {r.get('route', '')} | {r['tops'].get('kernel', 0):.0f} | {r['tops'].get('sdpa_cudnn', 0):.0f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", nargs="*", default=["square", "rect"], choices=["square", "rect", "check", "wide"])
+    ap.add_argument("--set", nargs="*", default=["square", "rect"],
+                    choices=["square", "rect", "check", "wide", "causal-rect"])
+    ap.add_argument("--lse", action="store_true", help="every call returns the LSE (return_lse=True)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     date, device = B.utc_now(), torch.cuda.get_device_name()
-    kname, rows = run(args.set, args.repeats)
-    text = (f"# Crossover: quantized kernel against SDPA ({device}, {date})\n\n"
-            f"Command: `python bench/crossover.py --set {' '.join(args.set)} --repeats {args.repeats}` "
+    kname, rows = run(args.set, args.repeats, args.lse)
+    lse = " --lse" if args.lse else ""
+    text = (f"# Crossover: quantized kernel against SDPA{', with the LSE' if args.lse else ''} ({device}, {date})\n\n"
+            f"Command: `python bench/crossover.py --set {' '.join(args.set)}{lse} --repeats {args.repeats}` "
             f"(commit {B.commit()}, torch {torch.__version__}).\n\n" + markdown(kname, rows, args.repeats))
-    path = B.record(text, args.out, date, device, "crossover")
+    path = B.record(text, args.out, date, device, "crossover-lse" if args.lse else "crossover")
     path.with_suffix(".json").write_text(json.dumps(dict(device=device, date=date, commit=B.commit(), rows=rows),
                                                     indent=1))
 

@@ -43,13 +43,13 @@ _STATE = _bind() if _PRIORITY else None
 _WANT = [int(b) for b in ORDER]
 
 
-def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
-    """``F.scaled_dot_product_attention`` on [B, H, N, D] views with ORDER's backends, cuDNN
-    first; the caller's SDPA settings are as before afterwards."""
-    kw = {"enable_gqa": True} if enable_gqa else {}
+def _cudnn_first(call):
+    """``call()`` with ORDER's backends enabled, cuDNN first; the caller's SDPA settings are as
+    before afterwards. (A ``with`` statement of its own in each branch: dynamo traces
+    ``with sdpa_kernel(...)`` but not its ``__enter__`` called from a helper class.)"""
     if _STATE is None or torch.compiler.is_compiling():
         with sdpa_kernel(ORDER, **_PRIORITY):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, **kw)
+            return call()
     get, put, (get_order, put_order) = _STATE
     was = [g() for g in get]
     was_order = get_order()
@@ -57,8 +57,45 @@ def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
         for setter, (_, on) in zip(put, _FLAGS):
             setter(on)
         put_order(_WANT + [b for b in was_order if b not in _WANT])
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, **kw)
+        return call()
     finally:
         for setter, on in zip(put, was):
             setter(on)
         put_order(was_order)
+
+
+def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
+    """``F.scaled_dot_product_attention`` on [B, H, N, D] views with ORDER's backends, cuDNN
+    first; the caller's SDPA settings are as before afterwards."""
+    kw = {"enable_gqa": True} if enable_gqa else {}
+    return _cudnn_first(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                                                 scale=scale, **kw))
+
+
+def _repeat_heads(q, t):
+    """K or V with each head repeated for its group of query heads (GQA), as SDPA's enable_gqa."""
+    return t if t.shape[1] == q.shape[1] else t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
+
+
+def _cudnn_can_run(q, k, v, is_causal: bool) -> bool:
+    """torch's own test of whether its cuDNN attention takes these inputs (the check SDPA makes
+    before choosing that backend), with the backend enabled as sdpa() enables it."""
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, is_causal, False)
+    return bool(_cudnn_first(lambda: torch.backends.cuda.can_use_cudnn_attention(params, False)))
+
+
+def sdpa_lse(q, k, v, is_causal: bool, scale: float):
+    """Attention and its LSE from torch's cuDNN attention on [B, H, N, D] views: ``(o, lse)``
+    with ``lse [B, Hq, Nq]`` fp32, the natural log of each row's softmax sum (sageattn's
+    return_lse). SDPA's public function returns no LSE; this calls the aten operator that SDPA's
+    cuDNN backend runs, with ``compute_log_sumexp``. The shapes sageattn sends here
+    (dispatch.lse_to_sdpa: head dims multiples of 8 up to 128, not causal with Nq != Nk) are
+    ones cuDNN runs on the GPUs it hands over on; in eager mode torch's own check confirms it
+    first, and where it says no this returns None (sageattn then runs its kernel). Under
+    torch.compile that check cannot be traced and is skipped."""
+    k, v = _repeat_heads(q, k), _repeat_heads(q, v)
+    if not torch.compiler.is_compiling() and not _cudnn_can_run(q, k, v, is_causal):
+        return None
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)
+    o, lse = out[0], out[1]
+    return o, lse.reshape(q.shape[0], q.shape[1], q.shape[2])

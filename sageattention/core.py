@@ -86,14 +86,21 @@ def _(q, k, v, nhd, is_causal, sm_scale, smooth_k, return_lse):
     return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
 
-def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale):
+def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale, return_lse):
     """sageattn's call handed to F.scaled_dot_product_attention (dispatch.goes_to_sdpa; cuDNN
-    first, _sdpa.py): same arguments, output contiguous in q's layout like our kernels'."""
+    first, _sdpa.py): same arguments, output contiguous in q's layout like our kernels'. With
+    return_lse, torch's cuDNN attention with its LSE (_sdpa.sdpa_lse), or None where torch's
+    check finds that cuDNN cannot run the call (sageattn then runs its kernel)."""
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
-        return _empty_result(q, dims, False)
+        return _empty_result(q, dims, return_lse)
     qh, kh, vh = (_hnd(t, tensor_layout) for t in (q, k, v))
-    o = _sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q)
-    return _hnd(o, tensor_layout).contiguous()
+    if not return_lse:
+        o = _sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q)
+        return _hnd(o, tensor_layout).contiguous()
+    res = _sdpa.sdpa_lse(qh, kh, vh, is_causal, scale)
+    if res is None:
+        return None
+    return _hnd(res[0], tensor_layout).contiguous(), res[1].contiguous()
 
 
 class _nullctx:
@@ -120,12 +127,14 @@ def sageattn(
 ):
     """Quantized attention with the fastest kernel available for the GPU.
 
-    On H100-class GPUs (H100, H800, H200, GH200), calls without ``return_lse`` go to SDPA
-    (cuDNN first, exact) where cuDNN is faster: calls too short for the quantization to pay
-    (``dispatch.HAND_OVER``: about N < 2048, causal N < 3072, decode-like Nq; N < 8192 for head
-    dims between 128 and 256, which the kernel pads to 256), and head dims above 128 when the
-    sm90 kernel is missing (the other kernels are 2-4x slower than cuDNN there). README,
-    "Supported GPUs"; the kernel functions always run ours.
+    On H100-class GPUs (H100, H800, H200, GH200), calls go to SDPA (cuDNN first, exact) where
+    cuDNN is faster: calls too short for the quantization to pay (``dispatch.HAND_OVER``: about
+    N < 2048, causal N < 3072, decode-like Nq; N < 8192 for head dims between 128 and 256, which
+    the kernel pads to 256), and head dims above 128 when the sm90 kernel is missing (the other
+    kernels are 2-4x slower than cuDNN there). With ``return_lse`` only head dims that are
+    multiples of 8 up to 128 go, and not causal calls with Nq != Nk (``dispatch.lse_to_sdpa``:
+    the LSE comes from torch's cuDNN attention). README, "Supported GPUs"; the kernel functions
+    always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
     inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or
@@ -141,7 +150,9 @@ def sageattn(
     C.refuse_mask(fn, kw.attn_mask)
     backend, options, hand_over = dispatch.chosen(q.device)
     if dispatch.goes_to_sdpa(hand_over, dims, is_causal, return_lse):
-        return _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale)
+        res = _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale, return_lse)
+        if res is not None:
+            return res
     if backend == "triton":
         return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
     # the chosen kernel function's pipeline with that function's defaults and dispatch's options,

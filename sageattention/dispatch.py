@@ -305,12 +305,25 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
 
 
+#: The LSE from SDPA (_sdpa.sdpa_lse: torch's cuDNN attention with its log-sum-exp): head dims
+#: up to this and multiples of 8, as cuDNN takes them.
+LSE_MAX_HEAD_DIM = 128
+
+
+def lse_to_sdpa(dims, causal: bool) -> bool:
+    """Whether a ``return_lse`` call can take its LSE from SDPA (_sdpa.sdpa_lse): a head dim
+    that is a multiple of 8 up to :data:`LSE_MAX_HEAD_DIM`, keys to attend to, and not causal
+    with ``Nq != Nk`` (SDPA's flash backend refuses those; not measured)."""
+    return (dims.head_dim % 8 == 0 and dims.head_dim <= LSE_MAX_HEAD_DIM and dims.len_k > 0
+            and not (causal and dims.len_q != dims.len_k))
+
+
 def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:
     """Whether ``sageattn`` hands this call (``dims``: _checks.Dims) to SDPA by the choice's
     :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
-    for the kernel (:func:`short_call`); never with return_lse (SDPA's public function returns
-    no LSE; those calls keep our kernel)."""
-    if return_lse or limits is None:
+    for the kernel (:func:`short_call`). With ``return_lse`` only where SDPA can give the LSE
+    (:func:`lse_to_sdpa`); the other LSE calls keep our kernel."""
+    if limits is None or (return_lse and not lse_to_sdpa(dims, causal)):
         return False
     return dims.head_dim > limits[0] or short_call(limits, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
                                                    dims.head_dim, causal)

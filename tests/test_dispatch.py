@@ -137,7 +137,18 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(4, 32, 3072, 3072, 128), True, False, False),
     (LIMITS, _dims(4, 32, 4095, 4095, 64), True, False, True),  # causal at D <= 64: 4096
     (LIMITS, _dims(4, 32, 4096, 4096, 64), True, False, False),
-    (LIMITS, _dims(4, 32, 1024, 1024, 128), False, True, False),  # the LSE: our kernel runs
+    # return_lse: the LSE from SDPA's cuDNN attention (lse_to_sdpa), else our kernel
+    (LIMITS, _dims(4, 32, 1024, 1024, 128), False, True, True),
+    (LIMITS, _dims(4, 32, 2047, 2047, 64), True, True, True),
+    (LIMITS, _dims(4, 32, 2048, 2048, 128), False, True, False),  # long enough: ours either way
+    (LIMITS, _dims(4, 32, 1024, 1024, 96), False, True, True),
+    (LIMITS, _dims(4, 32, 1024, 1024, 100), False, True, False),  # not a multiple of 8
+    (LIMITS, _dims(4, 32, 1024, 1024, 136), False, True, False),  # above 128
+    (LIMITS, _dims(4, 32, 1024, 1024, 256), False, True, False),
+    (LIMITS, _dims(2, 24, 64, 16384, 128), False, True, True),  # decode-like
+    (LIMITS, _dims(2, 24, 64, 1024, 128), True, True, False),  # causal Nq != Nk
+    (LIMITS, _dims(4, 32, 1024, 0, 128), False, True, False),  # no keys: our kernel's -inf
+    (LIMITS, _dims(4, 32, 1024, 1024, 128, hkv=8), False, True, True),  # GQA
     (None, _dims(4, 32, 1024, 1024, 128), False, False, False),  # no limits: other GPUs
     # too few query-key pairs: 16 x 4096^2 = 2^28 is enough, causal calls need 2^30
     (LIMITS, _dims(1, 16, 4096, 4096, 128), False, False, False),
@@ -155,6 +166,13 @@ def _dims(b, h, nq, nk, d, hkv=None):
 ])
 def test_goes_to_sdpa(limits, dims, causal, lse, want):
     assert dispatch.goes_to_sdpa(limits, dims, causal, lse) is want
+
+
+@pytest.mark.parametrize("d", range(1, 257))
+def test_lse_to_sdpa_head_dims(d):
+    """The LSE comes from SDPA for head dims that are multiples of 8 up to 128, causal or not."""
+    for causal in (False, True):
+        assert dispatch.lse_to_sdpa(_dims(1, 2, 300, 300, d), causal) is (d % 8 == 0 and d <= 128)
 
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -497,3 +515,66 @@ def test_hand_over_traces_whole(monkeypatch):
     eager = sa.sageattn(q, k, v, is_causal=True)
     torch._dynamo.reset()
     assert torch.equal(torch.compile(sa.sageattn, fullgraph=True, backend="eager")(q, k, v, is_causal=True), eager)
+
+
+def _fake_cudnn_attention(calls):
+    """Stands in for torch's cuDNN attention operator on CPU tensors (_sdpa.sdpa_lse calls it):
+    exact attention, and the LSE shaped as cuDNN's [B, H, Nq, 1]; records the shapes it got."""
+    def op(q, k, v, bias, compute_lse, dropout_p, causal, debug_mask, scale=None):
+        assert bias is None and compute_lse and dropout_p == 0.0 and not debug_mask
+        calls.append((tuple(q.shape), tuple(k.shape), tuple(v.shape), causal))
+        s = (q.double() @ k.double().transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        o = (torch.softmax(s, -1) @ v.double()).to(q.dtype)
+        return (o, torch.logsumexp(s, -1, keepdim=True).float()) + (None,) * 7
+    return op
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_short_lse_call_takes_cudnn_attention_and_its_lse(monkeypatch, layout, gqa):
+    """A short return_lse call on the hand-over GPUs gets o and the LSE from torch's cuDNN
+    attention (faked here on the CPU): K and V repeated for GQA, o in q's layout, the LSE
+    [B, Hq, Nq] (cuDNN gives [B, H, Nq, 1]), and the op told scale, causal and compute_lse."""
+    from sageattention import _sdpa
+
+    q, k, v = _short_route(monkeypatch)
+    if gqa:
+        k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    calls = []
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", _fake_cudnn_attention(calls))
+    monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: True)
+    qi, ki, vi = (t.transpose(1, 2).contiguous() if layout == "NHD" else t for t in (q, k, v))
+    o, lse = sa.sageattn(qi, ki, vi, tensor_layout=layout, is_causal=True, sm_scale=0.3, return_lse=True)
+    assert calls == [((2, 4, 40, 64), (2, 4, 40, 64), (2, 4, 40, 64), True)]
+    assert o.shape == qi.shape and o.is_contiguous() and lse.shape == (2, 4, 40) and lse.dtype == torch.float32
+    kr, vr = (t.repeat_interleave(4 // t.shape[1], dim=1) for t in (k, v))
+    s = (q.double() @ kr.double().transpose(-1, -2)) * 0.3
+    s = s.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
+    want = (torch.softmax(s, -1) @ vr.double()).to(q.dtype)
+    assert torch.equal(o.transpose(1, 2) if layout == "NHD" else o, want)
+    assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=0)
+
+
+def test_short_lse_call_keeps_the_kernel_where_cudnn_cannot_run_it(monkeypatch):
+    """Where torch's own check says its cuDNN attention cannot take the call (eager mode),
+    sageattn runs its kernel for the LSE instead of raising."""
+    from sageattention import _sdpa, core
+
+    q, k, v = _short_route(monkeypatch)
+    calls = []
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", _fake_cudnn_attention(calls))
+    monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: False)
+    marker = (torch.zeros_like(q), torch.full((2, 4, 40), -7.0))
+    monkeypatch.setattr(core, "_cuda_run", lambda *a: marker)
+    assert sa.sageattn(q, k, v, return_lse=True) is marker and calls == []
+    assert dispatch.goes_to_sdpa(LIMITS, _dims(2, 4, 40, 40, 64), False, True)
+
+
+def test_cudnn_check_is_torchs_on_the_cpu():
+    """_sdpa._cudnn_can_run asks torch: CPU tensors are never cuDNN's."""
+    from sageattention import _sdpa
+
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    assert _sdpa._cudnn_can_run(q, q, q, False) is False

@@ -319,10 +319,10 @@ def test_sageattn_wide_heads_on_hopper(layout, d):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
-    """On H100-class GPUs a short call without return_lse runs SDPA (cuDNN first), also traced by
-    torch.compile; with the LSE, or long enough (16 heads x 4096^2 non-causal, 64 heads
-    causal), the quantized kernel, bit for bit what the kernel function gives. Elsewhere
-    sageattn always runs its kernel."""
+    """On H100-class GPUs a short call runs SDPA (cuDNN first), also traced by torch.compile;
+    with return_lse torch's cuDNN attention with its LSE (exact, compiled the same bits); long
+    enough (16 heads x 4096^2 non-causal, 64 heads causal), the quantized kernel, bit for bit
+    what the kernel function gives. Elsewhere sageattn always runs its kernel."""
     sdpa_here = _h100_class()
     q, k, v = make_qkv(2, 4, 2, 700, 700, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=5)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
@@ -338,13 +338,49 @@ def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
 
     o_lse, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
     ko, kl = kernel(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
-    assert torch.equal(o_lse, ko) and torch.equal(lse, kl)
+    assert o_lse.shape == q.shape and o_lse.is_contiguous() and lse.shape == (2, 4, 700)
+    assert (torch.equal(o_lse, ko) and torch.equal(lse, kl)) != sdpa_here
+    if sdpa_here:
+        _, exact_lse = attention_exact(q, k, v, layout, causal, None, True)
+        assert (lse - exact_lse).abs().max() < 2e-3
+        assert_close_to_fp32(hnd(o_lse, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout))
+        co, cl = torch.compile(sa.sageattn, fullgraph=True)(q, k, v, tensor_layout=layout, is_causal=causal,
+                                                            return_lse=True)
+        assert torch.equal(co, o_lse) and torch.equal(cl, lse)
     h = 64 if causal else 16
     q, k, v = make_qkv(1, h, h, 4096, 4096, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=6)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
     assert torch.equal(o, kernel(q, k, v, tensor_layout=layout, is_causal=causal))
     assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout),
                          **_fp32_bars("sageattn", q, k, layout, causal))
+
+
+LSE_DIMS = [(1, 2, 2, 1, 1), (2, 4, 2, 77, 77), (1, 4, 1, 300, 1000), (2, 2, 2, 1000, 7), (1, 8, 8, 1500, 1500)]
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("d", range(8, 129, 8))
+def test_lse_hand_over_agrees_with_torchs_cudnn_check(layout, d):
+    """Every return_lse call that dispatch.lse_to_sdpa sends to torch's cuDNN attention passes
+    torch's own check for that backend on an H100-class GPU (so eager mode never falls back to
+    the kernel for them, and torch.compile, which skips the check, routes them alike), and gives
+    the exact LSE."""
+    if not _h100_class():
+        pytest.skip(f"sageattn hands no call over on {torch.cuda.get_device_name()}")
+    from sageattention import _sdpa
+
+    for b, hq, hkv, nq, nk in LSE_DIMS:
+        for causal in (False, True) if nq == nk else (False,):
+            dims = Dims(b, hq, hkv, nq, nk, d)
+            assert dispatch.goes_to_sdpa(dispatch.choose(torch.device("cuda")).hand_over, dims, causal, True)
+            q, k, v = make_qkv(b, hq, hkv, nq, nk, d, torch.float16, layout, "cuda", k_bias=1.0, seed=d + nq)
+            qh, kh, vh = (hnd(t, layout) for t in (q, k, v))
+            kh, vh = _sdpa._repeat_heads(qh, kh), _sdpa._repeat_heads(qh, vh)
+            assert _sdpa._cudnn_can_run(qh, kh, vh, causal), (b, hq, hkv, nq, nk, d, causal)
+            o, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
+            _, exact_lse = attention_exact(q, k, v, layout, causal, None, True)
+            assert (lse - exact_lse).abs().max() < 2e-3, (b, hq, hkv, nq, nk, d, causal)
+            assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout))
 
 
 GRAPH_SHAPES = [(2, 4, 700, False), (2, 4, 700, True), (1, 16, 4096, False)]

@@ -207,7 +207,7 @@ def main(argv=None):
     text = (f"# Crossover: quantized kernel against SDPA{', with the LSE' if args.lse else ''} ({device}, {date})\n\n"
             f"Command: `python bench/crossover.py --set {' '.join(args.set)}{lse} --repeats {args.repeats}` "
             f"(commit {B.commit()}, torch {torch.__version__}).\n\n" + markdown(kname, rows, args.repeats))
-    path = B.record(text, args.out, date, device, "crossover-lse" if args.lse else "crossover")
+    path = B.record(text, args.out, date, device, "-".join(["crossover"] + (["lse"] if args.lse else []) + args.set))
     path.with_suffix(".json").write_text(json.dumps(dict(device=device, date=date, commit=B.commit(), rows=rows),
                                                     indent=1))
 

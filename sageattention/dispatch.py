@@ -293,10 +293,15 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
                causal: bool) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``.
-    Causal calls with ``Nq != Nk`` never are (not measured; SDPA's flash backend refuses them)."""
+
+    Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
+    sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
+    most rows see every key, and the non-causal limits put all 9 measured shapes on their
+    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover.md)."""
     _, length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal = limits
-    if causal and len_q != len_k:
-        return False
+    if causal:
+        len_k = min(len_k, len_q)
+        causal = len_q == len_k
     if causal:
         length, pairs = (length_causal_d64 if head_dim <= 64 else length_causal), pairs_causal
     if 128 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
@@ -312,10 +317,9 @@ LSE_MAX_HEAD_DIM = 128
 
 def lse_to_sdpa(dims, causal: bool) -> bool:
     """Whether a ``return_lse`` call can take its LSE from SDPA (_sdpa.sdpa_lse): a head dim
-    that is a multiple of 8 up to :data:`LSE_MAX_HEAD_DIM`, keys to attend to, and not causal
-    with ``Nq != Nk`` (SDPA's flash backend refuses those; not measured)."""
-    return (dims.head_dim % 8 == 0 and dims.head_dim <= LSE_MAX_HEAD_DIM and dims.len_k > 0
-            and not (causal and dims.len_q != dims.len_k))
+    that is a multiple of 8 up to :data:`LSE_MAX_HEAD_DIM` and more than one key (torch's
+    cuDNN attention refuses a single key)."""
+    return dims.head_dim % 8 == 0 and dims.head_dim <= LSE_MAX_HEAD_DIM and dims.len_k > 1
 
 
 def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:

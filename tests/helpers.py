@@ -68,6 +68,16 @@ def hnd(t, layout):
     return t if layout == "HND" else t.transpose(1, 2)
 
 
+def sageattn_kv(fn, q, k, v, layout, causal):
+    """K and V as ``fn`` runs them: ``sageattn`` drops the keys a top-left causal call never sees
+    (from Nq on, core._visible_keys), so its reference is computed on those; the kernel
+    functions take every key."""
+    n_q = q.shape[2 if layout == "HND" else 1]
+    if fn != "sageattn" or not causal or hnd(k, layout).shape[2] <= n_q:
+        return k, v
+    return tuple(hnd(hnd(t, layout)[:, :, :n_q], layout) for t in (k, v))
+
+
 def sdpa_fp32(q, k, v, layout, is_causal=False, scale=None):
     """torch's SDPA in fp32 (math backend), GQA by repeating K/V heads."""
     qh, kh, vh = (hnd(t, layout).float() for t in (q, k, v))

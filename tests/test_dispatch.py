@@ -146,8 +146,10 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(4, 32, 1024, 1024, 136), False, True, False),  # above 128
     (LIMITS, _dims(4, 32, 1024, 1024, 256), False, True, False),
     (LIMITS, _dims(2, 24, 64, 16384, 128), False, True, True),  # decode-like
-    (LIMITS, _dims(2, 24, 64, 1024, 128), True, True, False),  # causal Nq != Nk
+    (LIMITS, _dims(2, 24, 64, 1024, 128), True, True, True),  # causal Nq != Nk
+    (LIMITS, _dims(2, 24, 4096, 512, 128), True, True, True),
     (LIMITS, _dims(4, 32, 1024, 0, 128), False, True, False),  # no keys: our kernel's -inf
+    (LIMITS, _dims(4, 32, 1024, 1, 128), False, True, False),  # one key: cuDNN refuses it
     (LIMITS, _dims(4, 32, 1024, 1024, 128, hkv=8), False, True, True),  # GQA
     (None, _dims(4, 32, 1024, 1024, 128), False, False, False),  # no limits: other GPUs
     # too few query-key pairs: 16 x 4096^2 = 2^28 is enough, causal calls need 2^30
@@ -160,7 +162,15 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(2, 24, 4096, 16384, 128), False, False, False),  # L = 5461
     (LIMITS, _dims(2, 24, 16384, 512, 128), False, False, True),  # L = 1446
     (LIMITS, _dims(2, 24, 16384, 1024, 128), False, False, False),  # L = 2731
-    (LIMITS, _dims(2, 24, 64, 16384, 128), True, False, False),  # causal Nq != Nk: our kernel
+    # causal, more keys than queries: a square causal call of Nq (sageattn drops the others)
+    (LIMITS, _dims(2, 24, 64, 16384, 128), True, False, True),
+    (LIMITS, _dims(2, 24, 2048, 16384, 128), True, False, True),
+    (LIMITS, _dims(4, 32, 3072, 16384, 128), True, False, False),
+    # causal, fewer keys than queries: the non-causal limits
+    (LIMITS, _dims(2, 24, 16384, 512, 128), True, False, True),  # L = 1446
+    (LIMITS, _dims(2, 24, 16384, 1024, 128), True, False, False),  # L = 2731
+    (LIMITS, _dims(4, 32, 4096, 2048, 128), True, False, False),  # L = 3072
+    (LIMITS, _dims(1, 2, 16384, 1024, 128), True, False, True),  # 2^25 pairs
     (LIMITS, _dims(4, 32, 1024, 1024, 128, hkv=8), False, False, True),  # GQA: same L
     (LIMITS, _dims(0, 32, 1024, 1024, 128), False, False, True),  # empty: SDPA's empty result
 ])
@@ -170,7 +180,8 @@ def test_goes_to_sdpa(limits, dims, causal, lse, want):
 
 @pytest.mark.parametrize("d", range(1, 257))
 def test_lse_to_sdpa_head_dims(d):
-    """The LSE comes from SDPA for head dims that are multiples of 8 up to 128, causal or not."""
+    """The LSE comes from SDPA for head dims that are multiples of 8 up to 128, causal or not,
+    where there is more than one key."""
     for causal in (False, True):
         assert dispatch.lse_to_sdpa(_dims(1, 2, 300, 300, d), causal) is (d % 8 == 0 and d <= 128)
 
@@ -369,7 +380,7 @@ def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
 
     def fake(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
              smooth_k, smooth_v, return_lse, v_fp8_terms):
-        seen.update(fn=fn, module=module, layout=tensor_layout, dims=dims, is_causal=is_causal, scale=scale,
+        seen.update(fn=fn, module=module, layout=tensor_layout, dims=dims, keys=k, is_causal=is_causal, scale=scale,
                     gran=qk_quant_gran, pv=pv_accum_dtype, smooth=(smooth_k, smooth_v), lse=return_lse,
                     v_terms=v_fp8_terms)
         return "ran"
@@ -380,8 +391,10 @@ def test_sageattn_calls_the_chosen_cuda_function_with_its_options(monkeypatch):
     q = torch.randn(1, 2, 4, 8, dtype=torch.float16)
     k = torch.randn(1, 1, 6, 8, dtype=torch.float16)
     assert sa.sageattn(q, k, k, is_causal=True, scale=0.5) == "ran"
+    keys = seen.pop("keys")  # causal, 4 queries: keys 4 and 5 are never seen, sageattn drops them
+    assert keys.shape == (1, 1, 4, 8) and keys.data_ptr() == k.data_ptr()
     assert seen == dict(fn="sageattn", module=BACKENDS["cuda_fp8"].extension, layout="HND",
-                        dims=(1, 2, 1, 4, 6, 8), is_causal=True, scale=0.5, gran="per_thread", pv="fp32+fp16",
+                        dims=(1, 2, 1, 4, 4, 8), is_causal=True, scale=0.5, gran="per_thread", pv="fp32+fp16",
                         smooth=(True, False), lse=False, v_terms=1)
     # a choice without options (as tests force one) runs the function's own defaults
     _fake_gpu(monkeypatch, (8, 9), {"cuda_fp16", "triton"})

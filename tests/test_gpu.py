@@ -21,6 +21,7 @@ from helpers import (
     hnd,
     hostile_qkv,
     make_qkv,
+    sageattn_kv,
     sdpa_fp32,
 )
 from sageattention import _cuda, dispatch
@@ -57,7 +58,8 @@ def _backend(fn, q, k, layout="HND", causal=False, lse=False):
     if fn == "sageattn":
         choice = dispatch.choose(q.device)
         h, n = (1, 2) if layout == "HND" else (2, 1)
-        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], k.shape[n], q.shape[3])
+        n_k = min(k.shape[n], q.shape[n]) if causal else k.shape[n]  # keys no query sees dropped
+        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], n_k, q.shape[3])
         if dispatch.goes_to_sdpa(choice.hand_over, dims, causal, lse):
             return "sdpa", {}
         backend, options = choice.backend, choice.options
@@ -102,9 +104,10 @@ def test_grid(fn, dtype, layout, causal, d, n, gqa, cross, lse):
     assert o.shape == q.shape and o.dtype == dtype
     assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout), fn,
                          **_fp32_bars(fn, q, k, layout, causal, lse))
-    cfg = _reference_config(fn, q, k, layout, causal, lse)
+    kr, vr = sageattn_kv(fn, q, k, v, layout, causal)
+    cfg = _reference_config(fn, q, kr, layout, causal, lse)
     if cfg is not None:
-        ref = attention_quantized(q, k, v, layout, causal, None, lse, cfg)
+        ref = attention_quantized(q, kr, vr, layout, causal, None, lse, cfg)
         ro, rl = ref if lse else (ref, None)
         assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS)
         if lse:
@@ -156,8 +159,12 @@ def test_many_work_tiles_per_sm(fn, causal, d, gqa):
     bars = _fp32_bars(fn, q, k, "HND", causal, True)
     for i, j in itertools.product(range(b), range(hq)):
         assert_close_to_fp32(o[i, j], exact[i, j], f"{fn} batch {i} head {j}", **bars)
-    ro, rl = attention_quantized(q, k, v, "HND", causal, None, True,
-                                 _reference_config(fn, q, k, "HND", causal, True))
+    cfg = _reference_config(fn, q, k, "HND", causal, True)
+    if cfg is None:  # sageattn handed the call to SDPA: the LSE against the exact one
+        _, el = attention_exact(q, k, v, "HND", causal, None, True)
+        assert (lse - el).abs().max() < 2e-3
+        return
+    ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
     assert_close_to_reference(o, ro, torch.bfloat16, fn, fp8=_backend(fn, q, k, "HND", causal, True)[0] in FP8_BACKENDS)
     assert_lse_close_to_reference(lse, rl)
 
@@ -355,32 +362,67 @@ def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
                          **_fp32_bars("sageattn", q, k, layout, causal))
 
 
-LSE_DIMS = [(1, 2, 2, 1, 1), (2, 4, 2, 77, 77), (1, 4, 1, 300, 1000), (2, 2, 2, 1000, 7), (1, 8, 8, 1500, 1500)]
+LSE_DIMS = [(1, 2, 2, 1, 2), (2, 4, 2, 77, 77), (1, 4, 1, 300, 1000), (2, 2, 2, 1000, 7), (2, 4, 2, 1000, 300),
+            (1, 8, 8, 1500, 1500)]
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("d", range(8, 129, 8))
 def test_lse_hand_over_agrees_with_torchs_cudnn_check(layout, d):
-    """Every return_lse call that dispatch.lse_to_sdpa sends to torch's cuDNN attention passes
-    torch's own check for that backend on an H100-class GPU (so eager mode never falls back to
-    the kernel for them, and torch.compile, which skips the check, routes them alike), and gives
-    the exact LSE."""
+    """Every short return_lse call that dispatch.lse_to_sdpa sends to torch's cuDNN attention
+    passes torch's own check for that backend on an H100-class GPU (so eager mode never falls
+    back to the kernel for them, and torch.compile, which skips the check, routes them alike),
+    and gives the exact LSE and output (causal with Nq != Nk too: top-left, as SDPA)."""
     if not _h100_class():
         pytest.skip(f"sageattn hands no call over on {torch.cuda.get_device_name()}")
+    import warnings
+
     from sageattention import _sdpa
 
+    bad = []
     for b, hq, hkv, nq, nk in LSE_DIMS:
-        for causal in (False, True) if nq == nk else (False,):
-            dims = Dims(b, hq, hkv, nq, nk, d)
+        for causal in (False, True) if min(nq, nk) > 1 else (False,):  # (one visible key: our kernel)
+            dims = Dims(b, hq, hkv, nq, min(nk, nq) if causal else nk, d)
             assert dispatch.goes_to_sdpa(dispatch.choose(torch.device("cuda")).hand_over, dims, causal, True)
             q, k, v = make_qkv(b, hq, hkv, nq, nk, d, torch.float16, layout, "cuda", k_bias=1.0, seed=d + nq)
-            qh, kh, vh = (hnd(t, layout) for t in (q, k, v))
+            ks, vs = sageattn_kv("sageattn", q, k, v, layout, causal)
+            qh, kh, vh = (hnd(t, layout) for t in (q, ks, vs))
             kh, vh = _sdpa._repeat_heads(qh, kh), _sdpa._repeat_heads(qh, vh)
-            assert _sdpa._cudnn_can_run(qh, kh, vh, causal), (b, hq, hkv, nq, nk, d, causal)
+            with warnings.catch_warnings(record=True) as why:
+                warnings.simplefilter("always")
+                params = torch.backends.cuda.SDPAParams(qh, kh, vh, None, 0.0, causal, False)
+                torch.backends.cuda.can_use_cudnn_attention(params, True)
+            if not _sdpa._cudnn_can_run(qh, kh, vh, causal):
+                bad.append(((b, hq, hkv, nq, nk, causal), [str(w.message)[:100] for w in why]))
+                continue
             o, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
             _, exact_lse = attention_exact(q, k, v, layout, causal, None, True)
             assert (lse - exact_lse).abs().max() < 2e-3, (b, hq, hkv, nq, nk, d, causal)
-            assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout))
+            assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, causal), layout),
+                                 f"{(b, hq, hkv, nq, nk, d, causal)}")
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_sageattn_causal_with_unequal_lengths_on_hopper(layout):
+    """Causal calls with Nq != Nk (top-left): short ones go to SDPA on H100-class GPUs, which
+    must then mask as SDPA's contract says (checked against fp32 SDPA); long ones run the kernel
+    on the keys a query can see (more keys than queries: the first Nq), bit for bit the kernel
+    function on those keys."""
+    sdpa_here = _h100_class()
+    choice = dispatch.choose(torch.device("cuda"))
+    for nq, nk in ((1000, 300), (300, 1000)):
+        q, k, v = make_qkv(2, 4, 2, nq, nk, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=nq)
+        o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True)
+        ks, vs = sageattn_kv("sageattn", q, k, v, layout, True)
+        assert torch.equal(hnd(o, layout), _sdpa_cudnn_first(q, ks, vs, layout, True)) == sdpa_here
+        assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, True), layout),
+                             **_fp32_bars("sageattn", q, k, layout, True))
+    for h, nq, nk in ((16, 8192, 4096), (64, 4096, 16384)):  # long: the non-causal limits; 2^30 causal pairs
+        q, k, v = make_qkv(1, h, h, nq, nk, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=nk)
+        o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True)
+        ks, vs = sageattn_kv("sageattn", q, k, v, layout, True)
+        assert torch.equal(o, FUNCS[choice.backend](q, ks, vs, tensor_layout=layout, is_causal=True, **choice.options))
 
 
 GRAPH_SHAPES = [(2, 4, 700, False), (2, 4, 700, True), (1, 16, 4096, False)]

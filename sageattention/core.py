@@ -108,7 +108,7 @@ def _visible_keys(k, v, tensor_layout, dims):
     are never attended. sageattn drops them (views, no copy) before quantizing: the result is
     the same attention, the K mean for smoothing is taken over the keys that are used, and the
     call is then as long as a square causal call of Nq (the hand-over rule and the kernel's
-    work; bench/results/…-8b3577e-crossover.md: with every key quantized, 2x24 heads x 256
+    work; bench/results/…-8b3577e-crossover-causal-rect.md: with every key quantized, 2x24 heads x 256
     queries x 16384 keys took 18x cuDNN's time)."""
     n = dims.len_q
     if tensor_layout == "HND":

@@ -297,7 +297,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
-    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover.md)."""
+    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
     _, length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal = limits
     if causal:
         len_k = min(len_k, len_q)

@@ -9,7 +9,8 @@ call is then what the CPU spends (checks, dispatch, the op calls, the launches);
 do_bench median of three (a call whose host time exceeds its GPU time is host-bound, and do_bench
 then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
 On an H100 sageattn hands these shapes to SDPA (dispatch.HAND_OVER), so its rows time that route,
-beside SDPA called bare and inside sdpa_kernel, and the hand-over through sdpa_kernel (_sdpa.py).
+beside SDPA called bare and inside sdpa_kernel, the hand-over through sdpa_kernel (_sdpa.py), and
+with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse).
 """
 
 import sys
@@ -52,16 +53,20 @@ def _sdpa_rows(q, k, v):
             _sdpa._STATE = state
 
     rows["sageattn, hand-over through sdpa_kernel"] = old_path
+    if hasattr(_sdpa, "sdpa_lse"):  # the LSE hand-over: torch's cuDNN operator, its check first
+        rows["_sdpa.sdpa_lse (cuDNN with the LSE)"] = lambda: _sdpa.sdpa_lse(q, k, v, False, q.shape[-1] ** -0.5)
     return rows
 
 
 def main() -> None:
-    for b, h, n, d in [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128)]:
+    for b, h, n, d in [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128), (1, 16, 512, 128)]:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         calls = {
             "sageattn": lambda: sa.sageattn(q, k, v),
             "sageattn causal": lambda: sa.sageattn(q, k, v, is_causal=True),
+            "sageattn return_lse": lambda: sa.sageattn(q, k, v, return_lse=True),
             "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
+            "sm90 function return_lse": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, return_lse=True),
             **_sdpa_rows(q, k, v),
         }
         for name, fn in calls.items():

@@ -35,10 +35,13 @@ def main() -> None:
         s = choice.hand_over
         if s is not None:  # dispatch.HAND_OVER
             wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
-            print(f"  without return_lse, to SDPA (cuDNN first): {wide}"
+            print(f"  to SDPA (cuDNN first): {wide}"
                   f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
                   f"({s.length_causal_d64} at D <= 64, {s.length_padded} at 128 < D < 256), "
-                  f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1}")
+                  f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1} "
+                  "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits)")
+            print(f"  with return_lse only head dims that are multiples of 8 up to {dispatch.LSE_MAX_HEAD_DIM}, "
+                  "two keys or more (o and the LSE from torch's cuDNN attention); the others run the kernel")
         else:
             print("  every call, no hand-over to SDPA (none measured for this GPU: dispatch.HAND_OVER)")
     except RuntimeError as exc:

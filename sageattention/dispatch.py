@@ -47,7 +47,7 @@ BACKENDS: Dict[str, Backend] = {
 class Choice:
     backend: str
     options: Dict[str, str] = field(default_factory=dict)
-    #: which calls go to SDPA instead (without return_lse); set by select from HAND_OVER
+    #: which calls go to SDPA instead (goes_to_sdpa); set by select from HAND_OVER
     #: (None: none)
     hand_over: Optional["HandOver"] = None
 

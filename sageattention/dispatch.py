@@ -315,7 +315,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
 LSE_MAX_HEAD_DIM = 128
 
 
-def lse_to_sdpa(dims, causal: bool) -> bool:
+def lse_to_sdpa(dims) -> bool:
     """Whether a ``return_lse`` call can take its LSE from SDPA (_sdpa.sdpa_lse): a head dim
     that is a multiple of 8 up to :data:`LSE_MAX_HEAD_DIM` and more than one key (torch's
     cuDNN attention refuses a single key)."""
@@ -327,7 +327,7 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
     for the kernel (:func:`short_call`). With ``return_lse`` only where SDPA can give the LSE
     (:func:`lse_to_sdpa`); the other LSE calls keep our kernel."""
-    if limits is None or (return_lse and not lse_to_sdpa(dims, causal)):
+    if limits is None or (return_lse and not lse_to_sdpa(dims)):
         return False
     return dims.head_dim > limits[0] or short_call(limits, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
                                                    dims.head_dim, causal)

@@ -72,15 +72,11 @@ def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
                                                                                  scale=scale, **kw))
 
 
-def _repeat_heads(q, t):
-    """K or V with each head repeated for its group of query heads (GQA), as SDPA's enable_gqa."""
-    return t if t.shape[1] == q.shape[1] else t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
-
-
 def _cudnn_can_run(q, k, v, is_causal: bool) -> bool:
     """torch's own test of whether its cuDNN attention takes these inputs (the check SDPA makes
-    before choosing that backend), with the backend enabled as sdpa() enables it."""
-    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, is_causal, False)
+    before choosing that backend), with the backend enabled as sdpa() enables it; K and V with
+    fewer heads than q are asked about as GQA (enable_gqa)."""
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, is_causal, k.shape[1] != q.shape[1])
     return bool(_cudnn_first(lambda: torch.backends.cuda.can_use_cudnn_attention(params, False)))
 
 
@@ -93,8 +89,9 @@ def sdpa_lse(q, k, v, is_causal: bool, scale: float):
     runs on the GPUs it hands over on (tests/test_gpu.py checks them against torch's check); in
     eager mode that check comes first, and where it says no this returns None (sageattn then
     runs its kernel). Under torch.compile the check cannot be traced and is skipped. GQA: K and
-    V are repeated for the query heads first (a copy, as SDPA's math backend makes)."""
-    k, v = _repeat_heads(q, k), _repeat_heads(q, v)
+    V go with their own head count, which the operator takes as SDPA's cuDNN backend gives it
+    them (repeating them for the query heads first cost up to 65 % more time on the H100:
+    bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md)."""
     if not torch.compiler.is_compiling() and not _cudnn_can_run(q, k, v, is_causal):
         return None
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)

@@ -556,10 +556,12 @@ def test_hand_over_traces_whole(monkeypatch):
 
 def _fake_cudnn_attention(calls):
     """Stands in for torch's cuDNN attention operator on CPU tensors (_sdpa.sdpa_lse calls it):
-    exact attention, and the LSE shaped as cuDNN's [B, H, Nq, 1]; records the shapes it got."""
+    exact attention (K and V with fewer heads than q serve their group of query heads, as
+    cuDNN's GQA), and the LSE shaped as cuDNN's [B, H, Nq, 1]; records the shapes it got."""
     def op(q, k, v, bias, compute_lse, dropout_p, causal, debug_mask, scale=None):
         assert bias is None and compute_lse and dropout_p == 0.0 and not debug_mask
         calls.append((tuple(q.shape), tuple(k.shape), tuple(v.shape), causal))
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         s = (q.double() @ k.double().transpose(-1, -2)) * scale
         if causal:
             s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
@@ -572,8 +574,9 @@ def _fake_cudnn_attention(calls):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_short_lse_call_takes_cudnn_attention_and_its_lse(monkeypatch, layout, gqa):
     """A short return_lse call on the hand-over GPUs gets o and the LSE from torch's cuDNN
-    attention (faked here on the CPU): K and V repeated for GQA, o in q's layout, the LSE
-    [B, Hq, Nq] (cuDNN gives [B, H, Nq, 1]), and the op told scale, causal and compute_lse."""
+    attention (faked here on the CPU): K and V with their own head count for GQA (no copy),
+    o in q's layout, the LSE [B, Hq, Nq] (cuDNN gives [B, H, Nq, 1]), and the op told scale,
+    causal and compute_lse."""
     from sageattention import _sdpa
 
     q, k, v = _short_route(monkeypatch)
@@ -584,7 +587,8 @@ def test_short_lse_call_takes_cudnn_attention_and_its_lse(monkeypatch, layout, g
     monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: True)
     qi, ki, vi = (t.transpose(1, 2).contiguous() if layout == "NHD" else t for t in (q, k, v))
     o, lse = sa.sageattn(qi, ki, vi, tensor_layout=layout, is_causal=True, sm_scale=0.3, return_lse=True)
-    assert calls == [((2, 4, 40, 64), (2, 4, 40, 64), (2, 4, 40, 64), True)]
+    hkv = 2 if gqa else 4
+    assert calls == [((2, 4, 40, 64), (2, hkv, 40, 64), (2, hkv, 40, 64), True)]
     assert o.shape == qi.shape and o.is_contiguous() and lse.shape == (2, 4, 40) and lse.dtype == torch.float32
     kr, vr = (t.repeat_interleave(4 // t.shape[1], dim=1) for t in (k, v))
     s = (q.double() @ kr.double().transpose(-1, -2)) * 0.3
@@ -615,3 +619,4 @@ def test_cudnn_check_is_torchs_on_the_cpu():
 
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
     assert _sdpa._cudnn_can_run(q, q, q, False) is False
+    assert _sdpa._cudnn_can_run(q, q[:, :1], q[:, :1], True) is False  # asked as GQA

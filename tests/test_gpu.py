@@ -373,7 +373,8 @@ def test_lse_hand_over_agrees_with_torchs_cudnn_check(layout, d):
     """Every short return_lse call that dispatch.lse_to_sdpa sends to torch's cuDNN attention
     passes torch's own check for that backend on an H100-class GPU (so eager mode never falls
     back to the kernel for them, and torch.compile, which skips the check, routes them alike),
-    and gives the exact LSE and output (causal with Nq != Nk too: top-left, as SDPA)."""
+    and gives the exact LSE and output (causal with Nq != Nk too: top-left, as SDPA; GQA with
+    K and V as they are, which sageattn passes without repeating their heads)."""
     if not _h100_class():
         pytest.skip(f"sageattn hands no call over on {torch.cuda.get_device_name()}")
     import warnings
@@ -388,11 +389,10 @@ def test_lse_hand_over_agrees_with_torchs_cudnn_check(layout, d):
             q, k, v = make_qkv(b, hq, hkv, nq, nk, d, torch.float16, layout, "cuda", k_bias=1.0, seed=d + nq)
             ks, vs = sageattn_kv("sageattn", q, k, v, layout, causal)
             qh, kh, vh = (hnd(t, layout) for t in (q, ks, vs))
-            kh, vh = _sdpa._repeat_heads(qh, kh), _sdpa._repeat_heads(qh, vh)
             if not _sdpa._cudnn_can_run(qh, kh, vh, causal):
                 with warnings.catch_warnings(record=True) as why:  # torch's reasons, for the message
                     warnings.simplefilter("always")
-                    params = torch.backends.cuda.SDPAParams(qh, kh, vh, None, 0.0, causal, False)
+                    params = torch.backends.cuda.SDPAParams(qh, kh, vh, None, 0.0, causal, hkv != hq)
                     torch.backends.cuda.can_use_cudnn_attention(params, True)
                 bad.append(((b, hq, hkv, nq, nk, causal), [str(w.message)[:100] for w in why]))
                 continue

@@ -1,6 +1,6 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide causal-rect] [--lse] [--repeats 3]
+    python bench/crossover.py [--set square rect check wide causal-rect gqa] [--lse] [--repeats 3]
                               [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -17,7 +17,8 @@ cross-attention to its text tokens) were measured to set sageattn's short-call l
 (dispatch.HAND_OVER); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
 limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
 4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length;
-``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i). With
+``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
+LLM-like head groups (8, 8, 7 and 8 query heads per K/V head; N 1024 to 4096). With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -56,6 +57,11 @@ CHECK = (
 
 WIDE_N = (1024, 2048, 3072, 4096, 8192)
 WIDE = [(b, h, h, n, n, d, c) for d in (256, 192, 160) for c in (False, True) for b, h in SQUARE_BH for n in WIDE_N]
+# GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
+# 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
+GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
+                                                 (64, ((4, 32, 8),)))
+       for b, h, hkv in groups for c in (False, True) for n in (1024, 2048, 3072, 4096)]
 CAUSAL_RECT = ([(2, 24, 24, nq, nk, 128, True) for nq, nk in RECT if nq >= 256]
                + [(4, 32, 32, nq, nk, d, True) for d in (128, 64)
                   for nq, nk in ((1024, 4096), (2048, 8192), (4096, 2048), (8192, 4096))])
@@ -77,6 +83,8 @@ def shapes(sets):
         out += WIDE
     if "causal-rect" in sets:
         out += CAUSAL_RECT
+    if "gqa" in sets:
+        out += GQA
     return out
 
 
@@ -196,7 +204,7 @@ def markdown(kname, rows, repeats):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--set", nargs="*", default=["square", "rect"],
-                    choices=["square", "rect", "check", "wide", "causal-rect"])
+                    choices=["square", "rect", "check", "wide", "causal-rect", "gqa"])
     ap.add_argument("--lse", action="store_true", help="every call returns the LSE (return_lse=True)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))

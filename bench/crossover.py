@@ -18,7 +18,7 @@ cross-attention to its text tokens) were measured to set sageattn's short-call l
 limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
 4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
-LLM-like head groups (8, 8, 7 and 8 query heads per K/V head; N 1024 to 4096). With
+LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096). With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns

@@ -25,7 +25,7 @@ import bench as B  # bench/bench.py: time_ms, rounds, record
 
 sa = B.sa
 
-# (b, hq, hkv, n, d): LLM-like head groups (8 query heads per K/V head at 32/8 and 64/8, 7 at 28/4)
+# (b, hq, hkv, n, d): LLM-like head groups (query heads per K/V head: 4 at 32/8, 8 at 64/8, 7 at 28/4)
 SHAPES = [(b, hq, hkv, n, 128) for b, hq, hkv in ((4, 32, 8), (1, 64, 8), (2, 28, 4)) for n in (1024, 2048, 4096)]
 
 

@@ -39,6 +39,7 @@ def main() -> None:
                   f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
                   f"({s.length_causal_d64} at D <= 64, {s.length_padded} at 128 < D < 256), "
                   f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1} "
+                  f"(2^{s.pairs_causal_gqa.bit_length() - 1} with {dispatch.GQA_GROUP} or more query heads per K/V head) "
                   "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits)")
             print(f"  with return_lse only head dims that are multiples of 8 up to {dispatch.LSE_MAX_HEAD_DIM}, "
                   "two keys or more (o and the LSE from torch's cuDNN attention); the others run the kernel")

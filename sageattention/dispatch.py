@@ -69,7 +69,8 @@ class HandOver(NamedTuple):
     calls with head dim <= 64, ``length_padded`` for head dims between 128 and 256, which the
     kernel runs zero-padded to 256 while SDPA runs them at their width) the quantization costs
     more than the kernel saves; below ``pairs`` (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is
-    too small to fill the GPU."""
+    too small to fill the GPU. Causal GQA calls with at least :data:`GQA_GROUP` query heads per
+    K/V head take ``pairs_causal_gqa`` instead: the quantization reads K and V of fewer heads."""
 
     head_dim_above: int
     length: int
@@ -78,6 +79,11 @@ class HandOver(NamedTuple):
     length_padded: int
     pairs: int
     pairs_causal: int
+    pairs_causal_gqa: int
+
+
+#: Query heads per K/V head from which causal calls take HandOver.pairs_causal_gqa.
+GQA_GROUP = 4
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
@@ -92,8 +98,13 @@ class HandOver(NamedTuple):
 #:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
 #:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
 #:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
-#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192.
-GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30)  # no head dim handed over
+#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192;
+#: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
+#:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
+#:   10-20 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
+#:   at N=4096 causal (2^29.8 pairs) ran 7-14 % faster in the kernel, and so did 1 x 32 / 4 at
+#:   4096 (2^29). Causal calls with 4 or more query heads per K/V head take 2^29.
+GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29)  # no head dim handed over
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
@@ -291,19 +302,21 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
 
 
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
-               causal: bool) -> bool:
-    """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``.
+               causal: bool, heads_kv: Optional[int] = None) -> bool:
+    """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
+    (``heads_kv``: K/V heads, as many as query heads when not given).
 
     Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
-    _, length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal = limits
+    _, length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal, pairs_causal_gqa = limits
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
     if causal:
-        length, pairs = (length_causal_d64 if head_dim <= 64 else length_causal), pairs_causal
+        length = length_causal_d64 if head_dim <= 64 else length_causal
+        pairs = pairs_causal_gqa if heads_q >= GQA_GROUP * (heads_kv or heads_q) else pairs_causal
     if 128 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
@@ -330,4 +343,4 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     if limits is None or (return_lse and not lse_to_sdpa(dims)):
         return False
     return dims.head_dim > limits[0] or short_call(limits, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
-                                                   dims.head_dim, causal)
+                                                   dims.head_dim, causal, dims.heads_kv)

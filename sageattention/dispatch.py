@@ -101,7 +101,7 @@ GQA_GROUP = 4
 #:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192;
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
-#:   10-20 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
+#:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
 #:   at N=4096 causal (2^29.8 pairs) ran 7-14 % faster in the kernel, and so did 1 x 32 / 4 at
 #:   4096 (2^29). Causal calls with 4 or more query heads per K/V head take 2^29.
 GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29)  # no head dim handed over

@@ -85,7 +85,8 @@ def sdpa_lse(q, k, v, is_causal: bool, scale: float):
     with ``lse [B, Hq, Nq]`` fp32, the natural log of each row's softmax sum (sageattn's
     return_lse). SDPA's public function returns no LSE; this calls the aten operator that SDPA's
     cuDNN backend runs, with ``compute_log_sumexp``. The shapes sageattn sends here
-    (dispatch.lse_to_sdpa: head dims multiples of 8 up to 128, two keys or more) are ones cuDNN
+    (dispatch.lse_to_sdpa: head dims multiples of 8 up to 128, or 256 with cuDNN 9.10 or newer,
+    two keys or more) are ones cuDNN
     runs on the GPUs it hands over on (tests/test_gpu.py checks them against torch's check); in
     eager mode that check comes first, and where it says no this returns None (sageattn then
     runs its kernel). Under torch.compile the check cannot be traced and is skipped. GQA: K and

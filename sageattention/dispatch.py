@@ -70,7 +70,10 @@ class HandOver(NamedTuple):
     kernel runs zero-padded to 256 while SDPA runs them at their width) the quantization costs
     more than the kernel saves; below ``pairs`` (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is
     too small to fill the GPU. Causal GQA calls with at least :data:`GQA_GROUP` query heads per
-    K/V head take ``pairs_causal_gqa`` instead: the quantization reads K and V of fewer heads."""
+    K/V head take ``pairs_causal_gqa`` instead: the quantization reads K and V of fewer heads.
+    Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
+    ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present
+    runs, :data:`CUDNN_LSE_HEAD_DIMS`)."""
 
     head_dim_above: int
     length: int
@@ -80,6 +83,7 @@ class HandOver(NamedTuple):
     pairs: int
     pairs_causal: int
     pairs_causal_gqa: int
+    lse_head_dim: int
 
 
 #: Query heads per K/V head from which causal calls take HandOver.pairs_causal_gqa.
@@ -103,8 +107,12 @@ GQA_GROUP = 4
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
 #:   at N=4096 causal (2^29.8 pairs) ran 7-14 % faster in the kernel, and so did 1 x 32 / 4 at
-#:   4096 (2^29). Causal calls with 4 or more query heads per K/V head take 2^29.
-GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29)  # no head dim handed over
+#:   4096 (2^29). Causal calls with 4 or more query heads per K/V head take 2^29;
+#: - with ``return_lse`` (torch's cuDNN attention with its LSE, ``crossover.py --lse``): the same
+#:   limits up to D=128 (…-abe33cf-crossover-lse-square.md, …-8b3577e-crossover-lse-rect.md) and
+#:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
+#:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
+GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29, 256)  # no head dim handed over
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
@@ -204,9 +212,11 @@ def _gpu_name(device) -> str:
         return "this GPU"
 
 
-def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_name: str = "this GPU") -> Tuple[Choice, Optional[str]]:
+def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_name: str = "this GPU",
+           cudnn_version: Optional[int] = None) -> Tuple[Choice, Optional[str]]:
     """Pure policy: the choice for ``capability`` given the backends ``available``, with the
-    hand-over limits for a GPU named ``gpu_name`` (:func:`hand_over_for`).
+    hand-over limits for a GPU named ``gpu_name`` (:func:`hand_over_for`), their LSE head dims
+    no wider than cuDNN ``cudnn_version`` runs (:func:`cudnn_lse_head_dim`).
 
     Returns ``(choice, skipped)`` where ``skipped`` names the preferred backend that was
     missing (for the fallback warning) or is None. Raises UnsupportedGPUError below sm80.
@@ -225,7 +235,10 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
     for choice in prefs:
         if choice.backend in available:
             skipped = prefs[0].backend if choice is not prefs[0] else None
-            return replace(choice, hand_over=hand_over_for(capability, gpu_name, choice.backend)), skipped
+            limits = hand_over_for(capability, gpu_name, choice.backend)
+            if limits is not None:
+                limits = limits._replace(lse_head_dim=min(limits.lse_head_dim, cudnn_lse_head_dim(cudnn_version)))
+            return replace(choice, hand_over=limits), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
         f"sageattn: no kernel for {gpu_name} (sm{capability[0]}{capability[1]}) is available "
@@ -254,6 +267,14 @@ def report(device=None) -> Dict[str, str]:
     return out
 
 
+def _cudnn_version() -> Optional[int]:
+    """torch.backends.cudnn.version() (the cuDNN torch loads), or None where torch has none."""
+    try:
+        return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # a cuDNN that fails to load is no cuDNN to hand calls to
+        return None
+
+
 _warned: set = set()
 _cache: Dict[tuple, Choice] = {}  # keys (capability, GPU name) and ("device", type, index)
 
@@ -278,7 +299,7 @@ def choose(device: torch.device) -> Choice:
         _cache[dkey] = cached
         return cached
     avail = [n for n in BACKENDS if backend_status(n, cap)[0]]
-    choice, skipped = select(cap, avail, name)
+    choice, skipped = select(cap, avail, name, _cudnn_version() if cap is not None else None)
     if skipped is not None and (cap, skipped) not in _warned:
         _warned.add((cap, skipped))
         warnings.warn(
@@ -310,7 +331,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
-    _, length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal, pairs_causal_gqa = limits
+    length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal, pairs_causal_gqa = limits[1:8]
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
@@ -323,16 +344,24 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
 
 
-#: The LSE from SDPA (_sdpa.sdpa_lse: torch's cuDNN attention with its log-sum-exp): head dims
-#: up to this and multiples of 8, as cuDNN takes them.
-LSE_MAX_HEAD_DIM = 128
+#: The head dims torch's cuDNN attention runs on sm90 (torch's check_cudnn_tensor_shapes):
+#: multiples of 8 up to 128, and up to 256 from cuDNN 9.10 on: ((cuDNN version from, limit), ...).
+CUDNN_LSE_HEAD_DIMS = ((91000, 256), (0, 128))
 
 
-def lse_to_sdpa(dims) -> bool:
+def cudnn_lse_head_dim(cudnn_version: Optional[int]) -> int:
+    """The largest head dim cuDNN ``cudnn_version`` (torch.backends.cudnn.version(); None: no
+    cuDNN) runs on sm90, from :data:`CUDNN_LSE_HEAD_DIMS`; 0 without cuDNN."""
+    if not cudnn_version:
+        return 0
+    return next(dim for since, dim in CUDNN_LSE_HEAD_DIMS if cudnn_version >= since)
+
+
+def lse_to_sdpa(dims, max_head_dim: int) -> bool:
     """Whether a ``return_lse`` call can take its LSE from SDPA (_sdpa.sdpa_lse): a head dim
-    that is a multiple of 8 up to :data:`LSE_MAX_HEAD_DIM` and more than one key (torch's
-    cuDNN attention refuses a single key)."""
-    return dims.head_dim % 8 == 0 and dims.head_dim <= LSE_MAX_HEAD_DIM and dims.len_k > 1
+    that is a multiple of 8 up to ``max_head_dim`` (the limits' ``lse_head_dim``) and more than
+    one key (torch's cuDNN attention refuses a single key)."""
+    return dims.head_dim % 8 == 0 and dims.head_dim <= max_head_dim and dims.len_k > 1
 
 
 def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:
@@ -340,7 +369,7 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
     for the kernel (:func:`short_call`). With ``return_lse`` only where SDPA can give the LSE
     (:func:`lse_to_sdpa`); the other LSE calls keep our kernel."""
-    if limits is None or (return_lse and not lse_to_sdpa(dims)):
+    if limits is None or (return_lse and not lse_to_sdpa(dims, limits[8])):
         return False
     return dims.head_dim > limits[0] or short_call(limits, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
                                                    dims.head_dim, causal, dims.heads_kv)

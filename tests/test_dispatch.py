@@ -52,6 +52,7 @@ def test_sm90_prefers_the_wgmma_kernel_then_triton_then_mma_sync_fp16():
 
 
 H100 = "NVIDIA H100 80GB HBM3"
+CUDNN = 91900  # the cuDNN of the H100 runs (torch 2.11.0+cu130): head dims to 256 with the LSE
 
 
 @pytest.mark.parametrize("avail,limits", [
@@ -63,13 +64,13 @@ def test_hopper_gives_short_calls_and_wide_heads_to_sdpa_by_the_kernel_chosen(av
     (its D=256 variant: 1.5x cuDNN at 16k) but every other kernel of ours is 2-4x slower than
     cuDNN (the D=256 run in bench/results): those hand every head dim above 128 over. The
     other GPUs keep their kernels."""
-    choice, _ = select((9, 0), avail, H100)
+    choice, _ = select((9, 0), avail, H100, CUDNN)
     assert choice.hand_over == limits
     assert choice.hand_over.head_dim_above == (256 if choice.backend == "cuda_sm90" else 128)
     for cap in PREFERENCE:
         if cap != (9, 0):
             for backend in {c.backend for c in PREFERENCE[cap]} | {"triton"}:
-                got = select(cap, [backend], H100)[0]
+                got = select(cap, [backend], H100, CUDNN)[0]
                 assert got.hand_over is None, (cap, backend)
 
 
@@ -88,8 +89,24 @@ def test_hand_over_limits_by_gpu_name(name, limits):
     """The limits were measured on an H100 and hold for parts with its rates; an sm90 part
     outside that family keeps the kernels for every call, as upstream's sageattn does."""
     assert dispatch.hand_over_for((9, 0), name, "cuda_sm90") == limits
-    assert select((9, 0), ALL, name)[0].hand_over == limits
+    assert select((9, 0), ALL, name, CUDNN)[0].hand_over == limits
     assert dispatch.hand_over_for((8, 9), name, "cuda_fp8") is None
+
+
+@pytest.mark.parametrize("version,lse_head_dim", [(None, 0), (8907, 128), (90800, 128), (90999, 128), (91000, 256),
+                                                  (91900, 256)])
+def test_lse_head_dims_follow_the_cudnn_present(version, lse_head_dim):
+    """return_lse calls go to torch's cuDNN attention only at head dims the cuDNN present runs on
+    sm90 (torch's own rule: 128, and 256 from cuDNN 9.10 on); without cuDNN none do. The other
+    limits do not change."""
+    for avail in (ALL, ["triton"]):
+        limits = select((9, 0), avail, H100, version)[0].hand_over
+        assert limits.lse_head_dim == lse_head_dim
+        assert limits._replace(lse_head_dim=256) == (dispatch.GH100_SM90 if "cuda_sm90" in avail
+                                                     else dispatch.GH100_OTHERS)
+    dims = _dims(4, 32, 1024, 1024, 256)
+    assert dispatch.goes_to_sdpa(select((9, 0), ALL, H100, version)[0].hand_over, dims, False, True) is (
+        lse_head_dim == 256)
 
 
 def test_choice_is_cached_per_capability_and_name(monkeypatch):
@@ -99,13 +116,14 @@ def test_choice_is_cached_per_capability_and_name(monkeypatch):
     monkeypatch.setattr(dispatch, "backend_status", lambda name, cap: (True, ""))
     names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H20"}
     monkeypatch.setattr(dispatch, "_gpu_name", lambda device: names[device.index])
+    monkeypatch.setattr(dispatch, "_cudnn_version", lambda: CUDNN)
     assert dispatch.choose(torch.device("cuda", 0)).hand_over == dispatch.GH100_SM90
     assert dispatch.choose(torch.device("cuda", 1)).hand_over is None
     assert dispatch.choose(torch.device("cuda", 0)).hand_over == dispatch.GH100_SM90
 
 
-LIMITS = dispatch.HandOver(256, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29)
-WIDE_ONLY = dispatch.HandOver(128, 0, 0, 0, 0, 0, 0, 0)  # no call is short by these
+LIMITS = dispatch.HandOver(256, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29, 128)
+WIDE_ONLY = dispatch.HandOver(128, 0, 0, 0, 0, 0, 0, 0, 128)  # no call is short by these
 
 
 def _dims(b, h, nq, nk, d, hkv=None):
@@ -151,6 +169,13 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(4, 32, 1024, 0, 128), False, True, False),  # no keys: our kernel's -inf
     (LIMITS, _dims(4, 32, 1024, 1, 128), False, True, False),  # one key: cuDNN refuses it
     (LIMITS, _dims(4, 32, 1024, 1024, 128, hkv=8), False, True, True),  # GQA
+    # with cuDNN 9.10 or newer, head dims up to 256 (lse_head_dim)
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 1024, 1024, 256), False, True, True),
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 4096, 4096, 160), True, True, True),  # padded: 8192
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 8192, 8192, 192), False, True, False),
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 2048, 2048, 256), False, True, False),
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 1024, 1024, 252), False, True, False),  # not a multiple of 8
+    (LIMITS._replace(lse_head_dim=256, head_dim_above=128), _dims(4, 32, 16384, 16384, 256), False, True, True),
     (None, _dims(4, 32, 1024, 1024, 128), False, False, False),  # no limits: other GPUs
     # too few query-key pairs: 16 x 4096^2 = 2^28 is enough, causal calls need 2^30
     (LIMITS, _dims(1, 16, 4096, 4096, 128), False, False, False),
@@ -185,12 +210,13 @@ def test_goes_to_sdpa(limits, dims, causal, lse, want):
     assert dispatch.goes_to_sdpa(limits, dims, causal, lse) is want
 
 
+@pytest.mark.parametrize("top", [128, 256])
 @pytest.mark.parametrize("d", range(1, 257))
-def test_lse_to_sdpa_head_dims(d):
-    """The LSE comes from SDPA for head dims that are multiples of 8 up to 128, where there is
-    more than one key."""
-    assert dispatch.lse_to_sdpa(_dims(1, 2, 300, 300, d)) is (d % 8 == 0 and d <= 128)
-    assert dispatch.lse_to_sdpa(_dims(1, 2, 300, 1, d)) is False
+def test_lse_to_sdpa_head_dims(d, top):
+    """The LSE comes from SDPA for head dims that are multiples of 8 up to the limits' top,
+    where there is more than one key."""
+    assert dispatch.lse_to_sdpa(_dims(1, 2, 300, 300, d), top) is (d % 8 == 0 and d <= top)
+    assert dispatch.lse_to_sdpa(_dims(1, 2, 300, 1, d), top) is False
 
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -257,7 +283,9 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-24-NVIDIA_H100_80GB_HBM3-8b3577e-crossover-lse-rect": 11,
             # since GQA K and V reach cuDNN without a head copy (_sdpa.sdpa_lse)
             "2026-11-24-NVIDIA_H100_80GB_HBM3-fa8b53b-crossover-lse-check": 35,
-            "2026-11-24-NVIDIA_H100_80GB_HBM3-fa8b53b-crossover-lse-gqa": 40}
+            "2026-11-24-NVIDIA_H100_80GB_HBM3-fa8b53b-crossover-lse-gqa": 40,
+            # head dims 160, 192 and 256 (cuDNN 9.19: the LSE from cuDNN up to 256)
+            "2026-11-24-NVIDIA_H100_80GB_HBM3-d563465-crossover-lse-wide": 60}
 # the one measured shape outside 6 %: D=96 (the kernel runs it as 128 columns) causal at
 # N=3072, kept with cuDNN 6.1 % (3351e2c) and 7.4 % (fa8b53b) faster with the LSE, 1-7 % without
 LSE_ROUTE_COST = {(4, 32, 32, 3072, 3072, 96, True): 1.08}
@@ -548,7 +576,7 @@ def test_hand_over_under_dynamic_shapes(monkeypatch):
     from sageattention import core
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check (also on a GPU machine)
-    limits = dispatch.HandOver(128, 32, 32, 32, 32, 0, 0, 0)
+    limits = dispatch.HandOver(128, 32, 32, 32, 32, 0, 0, 0, 128)
     monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), tuple(limits)))
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: torch.zeros_like(q))
     torch._dynamo.reset()

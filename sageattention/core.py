@@ -148,8 +148,8 @@ def sageattn(
     the kernel pads to 256), and head dims above 128 when the sm90 kernel is missing (the other
     kernels are 2-4x slower than cuDNN there). With ``return_lse`` only head dims that are
     multiples of 8 up to 128 (256 with cuDNN 9.10 or newer) with two keys or more go
-    (``dispatch.lse_to_sdpa``: o and the LSE come from torch's cuDNN attention). Causal calls with more keys than queries run on the
-    first Nq keys, the only ones a query sees. README, "Supported GPUs"; the kernel functions
+    (``dispatch.lse_to_sdpa``: o and the LSE come from torch's cuDNN attention). Causal calls
+    with more keys than queries run on the first Nq keys, the only ones a query sees. README, "Supported GPUs"; the kernel functions
     always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on

@@ -149,8 +149,8 @@ def sageattn(
     kernels are 2-4x slower than cuDNN there). With ``return_lse`` only head dims that are
     multiples of 8 up to 128 (256 with cuDNN 9.10 or newer) with two keys or more go
     (``dispatch.lse_to_sdpa``: o and the LSE come from torch's cuDNN attention). Causal calls
-    with more keys than queries run on the first Nq keys, the only ones a query sees. README, "Supported GPUs"; the kernel functions
-    always run ours.
+    with more keys than queries run on the first Nq keys, the only ones a query sees. README,
+    "Supported GPUs"; the kernel functions always run ours.
 
     Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` on
     inference: fp16/bf16 ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (``"HND"``) or

@@ -331,15 +331,16 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
-    length, length_causal, length_causal_d64, length_padded, pairs, pairs_causal, pairs_causal_gqa = limits[1:8]
+    lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
+    length, pairs = lim.length, lim.pairs
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
     if causal:
-        length = length_causal_d64 if head_dim <= 64 else length_causal
-        pairs = pairs_causal_gqa if heads_q >= GQA_GROUP * (heads_kv or heads_q) else pairs_causal
+        length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
+        pairs = lim.pairs_causal_gqa if heads_q >= GQA_GROUP * (heads_kv or heads_q) else lim.pairs_causal
     if 128 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
-        length = max(length, length_padded)
+        length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
 
@@ -369,7 +370,10 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
     for the kernel (:func:`short_call`). With ``return_lse`` only where SDPA can give the LSE
     (:func:`lse_to_sdpa`); the other LSE calls keep our kernel."""
-    if limits is None or (return_lse and not lse_to_sdpa(dims, limits[8])):
+    if limits is None:
         return False
-    return dims.head_dim > limits[0] or short_call(limits, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
-                                                   dims.head_dim, causal, dims.heads_kv)
+    lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
+    if return_lse and not lse_to_sdpa(dims, lim.lse_head_dim):
+        return False
+    return dims.head_dim > lim.head_dim_above or short_call(lim, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
+                                                            dims.head_dim, causal, dims.heads_kv)

@@ -383,7 +383,8 @@ def test_lse_hand_over_agrees_with_torchs_cudnn_check(layout, d):
     K and V as they are, which sageattn passes without repeating their heads)."""
     if not _h100_class():
         pytest.skip(f"sageattn hands no call over on {torch.cuda.get_device_name()}")
-    top = dispatch.choose(torch.device("cuda")).hand_over.lse_head_dim
+    limits = dispatch.choose(torch.device("cuda")).hand_over
+    top = limits.lse_head_dim
     if d > top:
         pytest.skip(f"head dim {d}: cuDNN {torch.backends.cudnn.version()} takes the LSE up to {top}")
     import warnings
@@ -394,7 +395,7 @@ def test_lse_hand_over_agrees_with_torchs_cudnn_check(layout, d):
     for b, hq, hkv, nq, nk in LSE_DIMS:
         for causal in (False, True) if min(nq, nk) > 1 else (False,):  # (one visible key: our kernel)
             dims = Dims(b, hq, hkv, nq, min(nk, nq) if causal else nk, d)
-            assert dispatch.goes_to_sdpa(dispatch.choose(torch.device("cuda")).hand_over, dims, causal, True)
+            assert dispatch.goes_to_sdpa(limits, dims, causal, True)
             q, k, v = make_qkv(b, hq, hkv, nq, nk, d, torch.float16, layout, "cuda", k_bias=1.0, seed=d + nq)
             ks, vs = sageattn_kv("sageattn", q, k, v, layout, causal)
             qh, kh, vh = (hnd(t, layout) for t in (q, ks, vs))

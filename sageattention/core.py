@@ -103,14 +103,17 @@ def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale, return_lse):
     return _hnd(res[0], tensor_layout).contiguous(), res[1].contiguous()
 
 
-def _visible_keys(k, v, tensor_layout, dims):
+def _visible_keys(k, v, tensor_layout, dims, is_causal):
     """Top-left causal with more keys than queries: query i sees keys 0..i, so keys from Nq on
-    are never attended. sageattn drops them (views, no copy) before quantizing: the result is
-    the same attention, the K mean for smoothing is taken over the keys that are used, and the
-    call is then as long as a square causal call of Nq (the hand-over rule and the kernel's
-    work; bench/results/…-8b3577e-crossover-causal-rect.md: with every key quantized, 2x24 heads x 256
-    queries x 16384 keys took 18x cuDNN's time)."""
+    are never attended. Every entry point drops them (views, no copy) before quantizing: the
+    result is the same attention, the K mean for smoothing is taken over the keys that are used,
+    and the call is then as long as a square causal call of Nq (sageattn's hand-over rule and
+    the kernel's work; bench/results/…-8b3577e-crossover-causal-rect.md: with every key
+    quantized, 2x24 heads x 256 queries x 16384 keys took 18x cuDNN's time). Other calls are
+    returned as they are."""
     n = dims.len_q
+    if not is_causal or dims.len_k <= n:
+        return k, v, dims
     if tensor_layout == "HND":
         k, v = k[:, :, :n], v[:, :, :n]
     else:
@@ -164,8 +167,7 @@ def sageattn(
     fn = "sageattn"
     dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     C.refuse_mask(fn, kw.attn_mask)
-    if is_causal and dims.len_k > dims.len_q:
-        k, v, dims = _visible_keys(k, v, tensor_layout, dims)
+    k, v, dims = _visible_keys(k, v, tensor_layout, dims, is_causal)
     backend, options, hand_over = dispatch.chosen(q.device)
     if dispatch.goes_to_sdpa(hand_over, dims, is_causal, return_lse):
         res = _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale, return_lse)
@@ -207,6 +209,7 @@ def sageattn_qk_int8_pv_fp16_triton(
         raise TypeError(f"{fn}() got attn_mask twice")
     dims, scale, kw = _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     C.refuse_mask(fn, attn_mask if attn_mask is not None else kw.attn_mask)
+    k, v, dims = _visible_keys(k, v, tensor_layout, dims, is_causal)
     if quantization_backend == "cuda":
         require(fn + "(quantization_backend='cuda')", "sageattention._fused")
     return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse)
@@ -236,6 +239,7 @@ def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm
             f"{fn}: v_fp8_terms=2 needs a head dim of at most 128, got {dims.head_dim}: "
             "the Hopper kernel for head dims 129-256 keeps V as one e4m3 term (two do not fit its shared memory)"
         )
+    k, v, dims = _visible_keys(k, v, tensor_layout, dims, is_causal)
     return _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_quant_gran, pv_accum_dtype,
                      smooth_k, smooth_v, return_lse, v_fp8_terms)
 

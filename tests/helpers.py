@@ -68,12 +68,12 @@ def hnd(t, layout):
     return t if layout == "HND" else t.transpose(1, 2)
 
 
-def sageattn_kv(fn, q, k, v, layout, causal):
-    """K and V as ``fn`` runs them: ``sageattn`` drops the keys a top-left causal call never sees
-    (from Nq on, core._visible_keys), so its reference is computed on those; the kernel
-    functions take every key."""
+def visible_kv(q, k, v, layout, causal):
+    """K and V as the functions run them: every entry point drops the keys a top-left causal call
+    never sees (from Nq on, core._visible_keys), so the reference is computed on those (the
+    rule is restated here so that the oracle does not call the code under test)."""
     n_q = q.shape[2 if layout == "HND" else 1]
-    if fn != "sageattn" or not causal or hnd(k, layout).shape[2] <= n_q:
+    if not causal or hnd(k, layout).shape[2] <= n_q:
         return k, v
     return tuple(hnd(hnd(t, layout)[:, :, :n_q], layout) for t in (k, v))
 

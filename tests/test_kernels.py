@@ -22,7 +22,7 @@ from helpers import (
     hnd,
     hostile_qkv,
     make_qkv,
-    sageattn_kv,
+    visible_kv,
 )
 from sageattention import triton as st
 from sageattention.reference import attention_exact, attention_quantized, error_metrics
@@ -74,7 +74,7 @@ def test_kernel_matches_reference(device, shape, dtype, layout, causal):
     fn = "sageattn" if (hq + nq + d) % 2 else "triton"
     o, lse = run(fn, q, k, v, layout, causal, True)
     assert o.shape == q.shape and o.dtype == dtype and lse.shape == (2, hq, nq)
-    kr, vr = sageattn_kv(fn, q, k, v, layout, causal)
+    kr, vr = visible_kv(q, k, v, layout, causal)
     cfg = st.config_for(d, dtype, q.device, hnd(kr, layout).shape[2]).reference(dtype)
     ro, rlse = attention_quantized(q, kr, vr, layout, causal, None, True, cfg)
     assert_close_to_reference(o, ro, dtype, f"{fn} {shape}")
@@ -84,18 +84,19 @@ def test_kernel_matches_reference(device, shape, dtype, layout, causal):
     assert (lse - else_).abs().max() < LSE_VS_FP32
 
 
+@pytest.mark.parametrize("fn", list(FUNCS))
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_sageattn_causal_drops_keys_no_query_sees(device, layout):
-    """Causal (top-left) with more keys than queries: query i sees keys 0..i, so sageattn runs
-    the call on the first Nq keys only, bit for bit the call given only those, and the same
-    attention as over every key."""
+def test_causal_drops_keys_no_query_sees(device, layout, fn):
+    """Causal (top-left) with more keys than queries: query i sees keys 0..i, so the call runs
+    on the first Nq keys only, bit for bit the call given only those, and the same attention as
+    over every key."""
     q, k, v = make_qkv(2, 4, 2, 70, 300, 64, torch.bfloat16, layout, device, k_bias=2.0, seed=11)
-    o, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
+    o, lse = run(fn, q, k, v, layout, True, True)
     ks, vs = (hnd(hnd(t, layout)[:, :, :70], layout) for t in (k, v))
-    os_, lses = sa.sageattn(q, ks, vs, tensor_layout=layout, is_causal=True, return_lse=True)
+    os_, lses = run(fn, q, ks, vs, layout, True, True)
     assert torch.equal(o, os_) and torch.equal(lse, lses)
     eo, el = attention_exact(q, k, v, layout, True, None, True)
-    assert_close_to_fp32(o, eo, "causal, 70 queries x 300 keys")
+    assert_close_to_fp32(o, eo, f"{fn}: causal, 70 queries x 300 keys")
     assert (lse - el).abs().max() < LSE_VS_FP32
 
 

@@ -1,7 +1,7 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide causal-rect gqa] [--lse] [--repeats 3]
-                              [--out bench/results]
+    python bench/crossover.py [--set square rect check wide causal-rect gqa gqa-small padded] [--lse]
+                              [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
   - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
@@ -18,7 +18,9 @@ cross-attention to its text tokens) were measured to set sageattn's short-call l
 limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
 4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
-LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096). With
+LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
+2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
+columns (32, 48, 80, 96, 112; N 1024 to 8192). With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -62,6 +64,15 @@ WIDE = [(b, h, h, n, n, d, c) for d in (256, 192, 160) for c in (False, True) fo
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
                                                  (64, ((4, 32, 8),)))
        for b, h, hkv in groups for c in (False, True) for n in (1024, 2048, 3072, 4096)]
+# head dims the Hopper kernel runs zero-padded to 64 or 128 columns (the ``padded`` set) while SDPA
+# runs them at their width: the limits were measured at 64 and 128 (D=96 only in ``check``)
+PADDED = ([(4, 32, 32, n, n, d, c) for d in (32, 48, 80, 96, 112) for c in (False, True)
+           for n in (1024, 2048, 3072, 4096, 8192)]
+          + [(1, 16, 16, n, n, d, c) for d in (48, 96) for c in (False, True) for n in (2048, 4096, 8192)])
+# GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
+GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
+                                                       (64, ((4, 32, 16),)))
+             for b, h, hkv in groups for c in (False, True) for n in (1024, 2048, 3072, 4096)]
 CAUSAL_RECT = ([(2, 24, 24, nq, nk, 128, True) for nq, nk in RECT if nq >= 256]
                + [(4, 32, 32, nq, nk, d, True) for d in (128, 64)
                   for nq, nk in ((1024, 4096), (2048, 8192), (4096, 2048), (8192, 4096))])
@@ -85,6 +96,10 @@ def shapes(sets):
         out += CAUSAL_RECT
     if "gqa" in sets:
         out += GQA
+    if "gqa-small" in sets:
+        out += GQA_SMALL
+    if "padded" in sets:
+        out += PADDED
     return out
 
 
@@ -204,7 +219,7 @@ def markdown(kname, rows, repeats):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--set", nargs="*", default=["square", "rect"],
-                    choices=["square", "rect", "check", "wide", "causal-rect", "gqa"])
+                    choices=["square", "rect", "check", "wide", "causal-rect", "gqa", "gqa-small", "padded"])
     ap.add_argument("--lse", action="store_true", help="every call returns the LSE (return_lse=True)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))

@@ -86,8 +86,9 @@ class HandOver(NamedTuple):
     lse_head_dim: int
 
 
-#: Query heads per K/V head from which causal calls take HandOver.pairs_causal_gqa.
-GQA_GROUP = 4
+#: Query heads per K/V head from which causal calls take HandOver.pairs_causal_gqa (4 until the
+#: ``gqa-small`` set measured 2 and 3, …-8e86603-crossover-padded-gqa-small.md).
+GQA_GROUP = 2
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
@@ -102,12 +103,18 @@ GQA_GROUP = 4
 #:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
 #:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
 #:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
-#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192;
+#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192. Head dims the kernel pads to
+#:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
+#:   keep the limits of 64 and 128: every call within 5 % of the faster side, the worst at the
+#:   crossover (D=32 causal 4096, kernel 5 % slower; D=80 causal 3072, 4 %);
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
 #:   at N=4096 causal (2^29.8 pairs) ran 7-14 % faster in the kernel, and so did 1 x 32 / 4 at
-#:   4096 (2^29). Causal calls with 4 or more query heads per K/V head take 2^29;
+#:   4096 (2^29). With 2 and 3 (the ``gqa-small`` set, …-8e86603-crossover-padded-gqa-small.md)
+#:   likewise: 2 x 24 / 8 and 1 x 48 / 24 at N=4096 causal (2^29.6) ran 4-6 % faster in the
+#:   kernel and are the only shapes of the set that the lower limit moves.
+#:   Causal calls with 2 or more query heads per K/V head take 2^29;
 #: - with ``return_lse`` (torch's cuDNN attention with its LSE, ``crossover.py --lse``): the same
 #:   limits up to D=128 (…-abe33cf-crossover-lse-square.md, …-8b3577e-crossover-lse-rect.md) and
 #:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %

@@ -182,9 +182,12 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(1, 16, 4095, 4096, 128), False, False, True),
     (LIMITS, _dims(1, 32, 4096, 4096, 128), True, False, True),
     (LIMITS, _dims(1, 64, 4096, 4096, 128), True, False, False),
-    # causal GQA with 4 or more query heads per K/V head: 2^29 pairs
+    # causal GQA with 2 or more query heads per K/V head: 2^29 pairs
     (LIMITS, _dims(1, 32, 4096, 4096, 128, hkv=8), True, False, False),  # 4 per K/V head: 2^29
-    (LIMITS, _dims(1, 32, 4096, 4096, 128, hkv=16), True, False, True),  # 2 per K/V head: 2^30
+    (LIMITS, _dims(1, 32, 4096, 4096, 128, hkv=16), True, False, False),  # 2 per K/V head: 2^29
+    (LIMITS, _dims(2, 24, 4096, 4096, 128, hkv=8), True, False, False),  # 3 per K/V head, 2^29.6
+    (LIMITS, _dims(2, 24, 4096, 4096, 128), True, False, True),  # 1 per K/V head: 2^30
+    (LIMITS, _dims(1, 32, 4095, 4095, 128, hkv=16), True, False, True),  # just below 2^29
     (LIMITS, _dims(1, 16, 4096, 4096, 128, hkv=1), True, False, True),  # 2^28 pairs
     (LIMITS, _dims(2, 28, 4096, 4096, 128, hkv=4), True, True, False),  # the LSE likewise
     (LIMITS, _dims(1, 16, 8192, 8192, 128, hkv=2), False, False, False),  # not causal: 2^28 either way
@@ -258,7 +261,9 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-24-NVIDIA_H100_80GB_HBM3-8b3577e-crossover-causal-rect": 18,
                     "2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-causal-rect": 18,
                     # GQA: 4, 7 and 8 query heads per K/V head (dispatch.GQA_GROUP)
-                    "2026-11-24-NVIDIA_H100_80GB_HBM3-fa8b53b-crossover-gqa": 40})
+                    "2026-11-24-NVIDIA_H100_80GB_HBM3-fa8b53b-crossover-gqa": 40,
+                    # GQA with 2 and 3 per K/V head; head dims 32, 48, 80, 96, 112 (run padded)
+                    "2026-11-24-NVIDIA_H100_80GB_HBM3-8e86603-crossover-padded-gqa-small": 94})
 
 
 @pytest.mark.parametrize("run", sorted(ROUTED_RUNS))

@@ -1,7 +1,7 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide causal-rect gqa gqa-small padded] [--lse]
-                              [--repeats 3] [--out bench/results]
+    python bench/crossover.py [--set square rect check wide causal-rect gqa gqa-small padded padded-causal]
+                              [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
   - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
@@ -20,7 +20,8 @@ limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and n
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
-columns (32, 48, 80, 96, 112; N 1024 to 8192). With
+columns (32, 48, 80, 96, 112; N 1024 to 8192), ``padded-causal`` causal calls at those head
+dims between the lengths measured there. With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -69,6 +70,9 @@ GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), 
 PADDED = ([(4, 32, 32, n, n, d, c) for d in (32, 48, 80, 96, 112) for c in (False, True)
            for n in (1024, 2048, 3072, 4096, 8192)]
           + [(1, 16, 16, n, n, d, c) for d in (48, 96) for c in (False, True) for n in (2048, 4096, 8192)])
+# causal calls at those head dims between the measured lengths, where the kernel and cuDNN cross
+PADDED_CAUSAL = ([(4, 32, 32, n, n, d, True) for d in (32, 48) for n in (4096, 5120, 6144, 7168)]
+                 + [(4, 32, 32, n, n, d, True) for d in (80, 96, 112) for n in (3072, 3584, 4096)])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -100,6 +104,8 @@ def shapes(sets):
         out += GQA_SMALL
     if "padded" in sets:
         out += PADDED
+    if "padded-causal" in sets:
+        out += PADDED_CAUSAL
     return out
 
 
@@ -219,7 +225,8 @@ def markdown(kname, rows, repeats):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--set", nargs="*", default=["square", "rect"],
-                    choices=["square", "rect", "check", "wide", "causal-rect", "gqa", "gqa-small", "padded"])
+                    choices=["square", "rect", "check", "wide", "causal-rect", "gqa", "gqa-small", "padded",
+                             "padded-causal"])
     ap.add_argument("--lse", action="store_true", help="every call returns the LSE (return_lse=True)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))

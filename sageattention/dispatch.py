@@ -67,8 +67,9 @@ class HandOver(NamedTuple):
     attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
     so. Below ``length`` (``length_causal`` for causal calls, ``length_causal_d64`` for causal
     calls with head dim <= 64, ``length_padded`` for head dims between 128 and 256, which the
-    kernel runs zero-padded to 256 while SDPA runs them at their width) the quantization costs
-    more than the kernel saves; below ``pairs`` (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is
+    kernel runs zero-padded to 256 while SDPA runs them at their width; for causal calls at the
+    head dims it pads to 128 or 64, ``length_causal_padded`` and ``length_causal_padded_d64``)
+    the quantization costs more than the kernel saves; below ``pairs`` (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is
     too small to fill the GPU. Causal GQA calls with at least :data:`GQA_GROUP` query heads per
     K/V head take ``pairs_causal_gqa`` instead: the quantization reads K and V of fewer heads.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -80,6 +81,8 @@ class HandOver(NamedTuple):
     length_causal: int
     length_causal_d64: int
     length_padded: int
+    length_causal_padded: int
+    length_causal_padded_d64: int
     pairs: int
     pairs_causal: int
     pairs_causal_gqa: int
@@ -105,8 +108,12 @@ GQA_GROUP = 2
 #:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
 #:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192. Head dims the kernel pads to
 #:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
-#:   keep the limits of 64 and 128: every call within 5 % of the faster side, the worst at the
-#:   crossover (D=32 causal 4096, kernel 5 % slower; D=80 causal 3072, 4 %);
+#:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x
+#:   4096^2 at D=96). Causal ones cross later: 3072 at D=80-112 and 4096 at D=32-48 ran 1-12 %
+#:   faster on cuDNN (with the LSE the most), 3584 and 5120 within 3 % either way, 4096 and 6144
+#:   faster in the kernel (the ``padded-causal`` set, …-9e96397-crossover-padded-causal.md and
+#:   …-9e96397-crossover-lse-padded-causal.md): ``length_causal_padded`` 3584,
+#:   ``length_causal_padded_d64`` 5120;
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
@@ -119,7 +126,7 @@ GQA_GROUP = 2
 #:   limits up to D=128 (…-abe33cf-crossover-lse-square.md, …-8b3577e-crossover-lse-rect.md) and
 #:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
 #:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
-GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 1 << 28, 1 << 30, 1 << 29, 256)  # no head dim handed over
+GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 3584, 5120, 1 << 28, 1 << 30, 1 << 29, 256)  # no head dim handed over
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
@@ -346,6 +353,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
         pairs = lim.pairs_causal_gqa if heads_q >= GQA_GROUP * (heads_kv or heads_q) else lim.pairs_causal
+        if head_dim < 64:  # run as 64 columns, zero-padded
+            length = max(length, lim.length_causal_padded_d64)
+        elif 64 < head_dim < 128:  # run as 128
+            length = max(length, lim.length_causal_padded)
     if 128 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)

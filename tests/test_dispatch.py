@@ -279,7 +279,9 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # GQA with 2 and 3 per K/V head; head dims 32, 48, 80, 96, 112 (run padded)
                     "2026-11-24-NVIDIA_H100_80GB_HBM3-8e86603-crossover-padded-gqa-small": 94,
                     # causal at those head dims between the lengths of the padded set
-                    "2026-11-24-NVIDIA_H100_80GB_HBM3-9e96397-crossover-padded-causal": 17})
+                    "2026-11-24-NVIDIA_H100_80GB_HBM3-9e96397-crossover-padded-causal": 17,
+                    # the padded set again with those lengths (not used to set them)
+                    "2026-11-24-NVIDIA_H100_80GB_HBM3-c3650a3-crossover-padded": 62})
 
 
 @pytest.mark.parametrize("run", sorted(ROUTED_RUNS))

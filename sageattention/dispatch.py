@@ -113,7 +113,8 @@ GQA_GROUP = 2
 #:   faster on cuDNN (with the LSE the most), 3584 and 5120 within 3 % either way, 4096 and 6144
 #:   faster in the kernel (the ``padded-causal`` set, …-9e96397-crossover-padded-causal.md and
 #:   …-9e96397-crossover-lse-padded-causal.md): ``length_causal_padded`` 3584,
-#:   ``length_causal_padded_d64`` 5120;
+#:   ``length_causal_padded_d64`` 5120 (on an H200, …-a85d959-crossover-padded-gqa-small.md, every
+#:   call with these within 5.1 % of the faster side);
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads

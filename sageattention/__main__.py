@@ -37,8 +37,8 @@ def main() -> None:
             wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
             print(f"  to SDPA (cuDNN first): {wide}"
                   f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
-                  f"({s.length_causal_d64} at D <= 64, {s.length_causal_padded_d64} at D < 64, "
-                  f"{s.length_causal_padded} at 64 < D < 128; {s.length_padded} at 128 < D < 256, causal or not), "
+                  f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
+                  f"{s.length_causal_padded} at 64 < D < 128), {s.length_padded} at 128 < D < 256 causal or not, "
                   f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1} "
                   f"(2^{s.pairs_causal_gqa.bit_length() - 1} with {dispatch.GQA_GROUP} or more query heads per K/V head) "
                   "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits)")

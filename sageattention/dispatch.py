@@ -69,8 +69,8 @@ class HandOver(NamedTuple):
     calls with head dim <= 64, ``length_padded`` for head dims between 128 and 256, which the
     kernel runs zero-padded to 256 while SDPA runs them at their width; for causal calls at the
     head dims it pads to 128 or 64, ``length_causal_padded`` and ``length_causal_padded_d64``)
-    the quantization costs more than the kernel saves; below ``pairs`` (``pairs_causal``) of ``B·Hq·Nq·Nk`` the call is
-    too small to fill the GPU. Causal GQA calls with at least :data:`GQA_GROUP` query heads per
+    the quantization costs more than the kernel saves; below ``pairs`` (``pairs_causal``) of
+    ``B·Hq·Nq·Nk`` the call is too small to fill the GPU. Causal GQA calls with at least :data:`GQA_GROUP` query heads per
     K/V head take ``pairs_causal_gqa`` instead: the quantization reads K and V of fewer heads.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
     ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present

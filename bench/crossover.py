@@ -82,31 +82,23 @@ CAUSAL_RECT = ([(2, 24, 24, nq, nk, 128, True) for nq, nk in RECT if nq >= 256]
                   for nq, nk in ((1024, 4096), (2048, 8192), (4096, 2048), (8192, 4096))])
 
 
+# every set by its --set name, in the order shapes() runs them
+SETS = {
+    "square": [(b, h, h, n, n, d, c) for d in (128, 64) for c in (False, True) for b, h in SQUARE_BH for n in SQUARE_N],
+    "rect": [(2, 24, 24, nq, nk, 128, False) for nq, nk in RECT],
+    "check": CHECK,
+    "wide": WIDE,
+    "causal-rect": CAUSAL_RECT,
+    "gqa": GQA,
+    "gqa-small": GQA_SMALL,
+    "padded": PADDED,
+    "padded-causal": PADDED_CAUSAL,
+}
+
+
 def shapes(sets):
     """(b, h, h_kv, nq, nk, d, causal) of the chosen sets."""
-    out = []
-    if "square" in sets:
-        for d in (128, 64):
-            for causal in (False, True):
-                for b, h in SQUARE_BH:
-                    out += [(b, h, h, n, n, d, causal) for n in SQUARE_N]
-    if "rect" in sets:
-        out += [(2, 24, 24, nq, nk, 128, False) for nq, nk in RECT]
-    if "check" in sets:
-        out += CHECK
-    if "wide" in sets:
-        out += WIDE
-    if "causal-rect" in sets:
-        out += CAUSAL_RECT
-    if "gqa" in sets:
-        out += GQA
-    if "gqa-small" in sets:
-        out += GQA_SMALL
-    if "padded" in sets:
-        out += PADDED
-    if "padded-causal" in sets:
-        out += PADDED_CAUSAL
-    return out
+    return [shape for name, members in SETS.items() if name in sets for shape in members]
 
 
 def pairs_of(nq, nk, causal):
@@ -225,8 +217,7 @@ def markdown(kname, rows, repeats):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--set", nargs="*", default=["square", "rect"],
-                    choices=["square", "rect", "check", "wide", "causal-rect", "gqa", "gqa-small", "padded",
-                             "padded-causal"])
+                    choices=list(SETS))
     ap.add_argument("--lse", action="store_true", help="every call returns the LSE (return_lse=True)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(B.ROOT / "bench" / "results"))

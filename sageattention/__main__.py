@@ -40,7 +40,8 @@ def main() -> None:
                   f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
                   f"{s.length_causal_padded} at 64 < D < 128), {s.length_padded} at 128 < D < 256 causal or not, "
                   f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1} "
-                  f"(2^{s.pairs_causal_gqa.bit_length() - 1} with {dispatch.GQA_GROUP} or more query heads per K/V head) "
+                  f"(2^{s.pairs_causal_gqa.bit_length() - 1} with {dispatch.GQA_GROUP} or more query heads "
+                  "per K/V head) "
                   "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits)")
             print(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
                   f"(cuDNN {dispatch._cudnn_version()}), two keys or more (o and the LSE from torch's cuDNN "

@@ -88,10 +88,10 @@ def sdpa_lse(q, k, v, is_causal: bool, scale: float):
     (dispatch.lse_to_sdpa: head dims multiples of 8 up to 128, or 256 with cuDNN 9.10 or newer,
     two keys or more) are ones cuDNN runs on the GPUs it hands over on (tests/test_gpu.py checks
     them against torch's check); in eager mode that check comes first, and where it says no this
-    returns None (sageattn then runs its kernel). Under torch.compile the check cannot be traced and is skipped. GQA: K and
-    V go with their own head count, which the operator takes as SDPA's cuDNN backend gives it
-    them (repeating them for the query heads first took 1.1-1.9x the time on the H100:
-    bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md)."""
+    returns None (sageattn then runs its kernel). Under torch.compile the check cannot be traced
+    and is skipped. GQA: K and V go with their own head count, which the operator takes as SDPA's
+    cuDNN backend gives it them (repeating them for the query heads first took 1.1-1.9x the time
+    on the H100: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md)."""
     if not torch.compiler.is_compiling() and not _cudnn_can_run(q, k, v, is_causal):
         return None
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)

@@ -70,8 +70,9 @@ class HandOver(NamedTuple):
     kernel runs zero-padded to 256 while SDPA runs them at their width; for causal calls at the
     head dims it pads to 128 or 64, ``length_causal_padded`` and ``length_causal_padded_d64``)
     the quantization costs more than the kernel saves; below ``pairs`` (``pairs_causal``) of
-    ``B·Hq·Nq·Nk`` the call is too small to fill the GPU. Causal GQA calls with at least :data:`GQA_GROUP` query heads per
-    K/V head take ``pairs_causal_gqa`` instead: the quantization reads K and V of fewer heads.
+    ``B·Hq·Nq·Nk`` the call is too small to fill the GPU. Causal GQA calls with at least
+    :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
+    quantization reads K and V of fewer heads.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
     ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present
     runs, :data:`CUDNN_LSE_HEAD_DIMS`)."""
@@ -127,7 +128,10 @@ GQA_GROUP = 2
 #:   limits up to D=128 (…-abe33cf-crossover-lse-square.md, …-8b3577e-crossover-lse-rect.md) and
 #:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
 #:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
-GH100_SM90 = HandOver(MAX_HEAD_DIM, 2048, 3072, 4096, 8192, 3584, 5120, 1 << 28, 1 << 30, 1 << 29, 256)  # no head dim handed over
+GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
+                      length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
+                      length_causal_padded=3584, length_causal_padded_d64=5120,
+                      pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).

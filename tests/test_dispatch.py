@@ -122,8 +122,10 @@ def test_choice_is_cached_per_capability_and_name(monkeypatch):
     assert dispatch.choose(torch.device("cuda", 0)).hand_over == dispatch.GH100_SM90
 
 
-LIMITS = dispatch.HandOver(256, 2048, 3072, 4096, 8192, 3584, 5120, 1 << 28, 1 << 30, 1 << 29, 128)
-WIDE_ONLY = dispatch.HandOver(128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 128)  # no call is short by these
+LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, length_causal_d64=4096,
+                           length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
+                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=128)
+WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
 
 
 def _dims(b, h, nq, nk, d, hkv=None):
@@ -606,7 +608,8 @@ def test_hand_over_under_dynamic_shapes(monkeypatch):
     from sageattention import core
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check (also on a GPU machine)
-    limits = dispatch.HandOver(128, 32, 32, 32, 32, 32, 32, 0, 0, 0, 128)
+    limits = WIDE_ONLY._replace(length=32, length_causal=32, length_causal_d64=32, length_padded=32,
+                                length_causal_padded=32, length_causal_padded_d64=32)
     monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), tuple(limits)))
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: torch.zeros_like(q))
     torch._dynamo.reset()

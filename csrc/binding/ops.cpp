@@ -9,6 +9,18 @@
 
 namespace {
 
+// Packed sequences (varlen): int32 [2, B] on x's device, row starts then row counts, or null.
+// The values are the caller's to check (sageattn_varlen reads them on the host); the kernels
+// clamp each count to the padded tensors' row count.
+const int* seqs_of(const std::optional<Tensor>& t, const char* op, const char* arg, int64_t B, const Tensor& x) {
+  if (!t) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->device() == x.device() && t->dim() == 2 &&
+                  t->size(0) == 2 && t->size(1) == B,
+              kOps, "::", op, ": ", arg, " must be a contiguous int32 [2, ", B, "] tensor on ", x.device(), ", got ",
+              t->scalar_type(), " ", t->sizes(), " on ", t->device());
+  return t->data_ptr<int>();
+}
+
 std::tuple<Tensor, Tensor, Tensor> quant_int8(const Tensor& x, const std::optional<Tensor>& mean,
                                               const std::optional<Tensor>& dot_mean, double prescale,
                                               int64_t block_rows, int64_t groups, int64_t n_pad, int64_t d_pad) {
@@ -76,7 +88,7 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
     const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
     bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad,
-    bool v_full_stats, int64_t v_terms) {
+    bool v_full_stats, int64_t v_terms, const std::optional<Tensor>& seq_q, const std::optional<Tensor>& seq_k) {
   const char* op = "quant_qkv";
   sage::QuantQKVParams p{};
   p.q = input_of(q, op, "q");
@@ -100,6 +112,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
               ": q_groups must be 1 or 8 and k_groups 1 or 4");
   TORCH_CHECK(!rowdot || smooth_k, kOps, "::", op, ": rowdot (q . K mean) needs smooth_k");
   TORCH_CHECK(v_terms == 1 || v_terms == 2, kOps, "::", op, ": v_terms must be 1 or 2, got ", v_terms);
+  TORCH_CHECK(!seq_q == !seq_k, kOps, "::", op, ": seq_q and seq_k come together");
+  p.q.seqs = seqs_of(seq_q, op, "seq_q", B, q);
+  p.k.seqs = p.v.seqs = seqs_of(seq_k, op, "seq_k", B, q);
   c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(at::kFloat);
   Tensor q8 = at::empty({B, Hq, nq_pad, d_pad}, q.options().dtype(at::kChar));
@@ -151,7 +166,8 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
                                 const std::optional<Tensor>& v_mean, const std::optional<Tensor>& lse_add,
                                 int64_t q_groups, int64_t k_groups, int64_t nq, int64_t nk, int64_t d_out,
                                 bool causal, int64_t accum, bool nhd, bool return_lse, double lse_add_scale,
-                                at::ScalarType out_dtype) {
+                                at::ScalarType out_dtype, const std::optional<Tensor>& seq_q,
+                                const std::optional<Tensor>& seq_k, int64_t total_q) {
   const char* op = "attn";
   TORCH_CHECK(q8.is_cuda() && q8.scalar_type() == at::kChar && k8.scalar_type() == at::kChar && q8.dim() == 4 &&
                   k8.dim() == 4 && q8.is_contiguous() && k8.is_contiguous(),
@@ -206,18 +222,32 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
     check_f32(*v_mean, op, "v_mean", {B, Hkv, Dp});
     p.v_mean = v_mean->data_ptr<float>();
   }
-  Tensor o = nhd ? at::empty({B, nq, Hq, d_out}, q8.options().dtype(out_dtype))
-                 : at::empty({B, Hq, nq, d_out}, q8.options().dtype(out_dtype));
-  Tensor lse = at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0}, q8.options().dtype(at::kFloat));
+  // packed sequences: o [total_q, Hq, d_out] and lse [Hq, total_q] (the Hopper kernel only)
+  const bool packed = seq_q.has_value();
+#if defined(SAGE_SM90)
+  TORCH_CHECK(packed == seq_k.has_value() && (!packed || (fp8 && p.v_terms == 1 && nhd && total_q >= 0)), kOps,
+              "::", op, ": seq_q and seq_k come together, with fp8 v in one term, nhd and total_q >= 0");
+  p.seq_q = seqs_of(seq_q, op, "seq_q", B, q8);
+  p.seq_k = seqs_of(seq_k, op, "seq_k", B, q8);
+  p.total_q = static_cast<int>(total_q);
+#else
+  TORCH_CHECK(!packed && !seq_k, kOps, "::", op, ": packed sequences (seq_q, seq_k) need the sm90 kernel");
+#endif
+  Tensor o = packed ? at::empty({total_q, Hq, d_out}, q8.options().dtype(out_dtype))
+             : nhd  ? at::empty({B, nq, Hq, d_out}, q8.options().dtype(out_dtype))
+                    : at::empty({B, Hq, nq, d_out}, q8.options().dtype(out_dtype));
+  Tensor lse = packed ? at::empty({return_lse ? Hq : 0, return_lse ? total_q : 0}, q8.options().dtype(at::kFloat))
+                      : at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0},
+                                  q8.options().dtype(at::kFloat));
   p.q = q8.data_ptr<int8_t>(), p.k = k8.data_ptr<int8_t>(), p.v = vk.data_ptr();
   p.v_stride_b = vk.stride(0), p.v_stride_h = vk.stride(1), p.v_stride_n = vk.stride(2);
   p.q_scale = q_scale.data_ptr<float>(), p.k_scale = k_scale.data_ptr<float>();
   p.q_groups = q_groups, p.k_groups = k_groups;
   p.o = o.data_ptr();
   p.o_dtype = out_dtype == at::kBFloat16 ? sage::DType::kBFloat16 : sage::DType::kHalf;
-  p.o_stride_b = o.stride(0);
-  p.o_stride_h = nhd ? o.stride(2) : o.stride(1);
-  p.o_stride_n = nhd ? o.stride(1) : o.stride(2);
+  p.o_stride_b = packed ? 0 : o.stride(0);
+  p.o_stride_h = packed ? o.stride(1) : nhd ? o.stride(2) : o.stride(1);
+  p.o_stride_n = packed ? o.stride(0) : nhd ? o.stride(1) : o.stride(2);
   p.d_out = d_out;
   if (return_lse) {
     p.lse = lse.data_ptr<float>();
@@ -264,13 +294,14 @@ TORCH_LIBRARY(SAGE_OPS, m) {
   m.def("quant_v_fp8(Tensor v, float scale_max, bool smooth, int n_pad, int d_pad) -> (Tensor, Tensor, Tensor)");
   m.def("quant_qkv(Tensor q, Tensor k, Tensor v, float q_prescale, int q_groups, int k_groups, bool smooth_k, "
         "bool smooth_v, bool rowdot, float v_scale_max, int nq_pad, int nk_pad, int d_pad, bool v_full_stats=False, "
-        "int v_terms=1) "
+        "int v_terms=1, Tensor? seq_q=None, Tensor? seq_k=None) "
         "-> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 #endif
   m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "
         "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "
-        "bool return_lse, float lse_add_scale, ScalarType out_dtype) -> (Tensor, Tensor)");
+        "bool return_lse, float lse_add_scale, ScalarType out_dtype, Tensor? seq_q=None, Tensor? seq_k=None, "
+        "int total_q=0) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {

@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(AttnShape<D, MT, PVK>::kThreads, 1)
       const float inv = lt > 0.f ? 1.f / lt : 0.f;
       const int row = row0 + mt * 16 + g + 8 * hr;
       if (row >= p.nq) continue;
-      if (p.lse && t == 0) write_lse(p, bh, row, m[mt][hr], lt, OFF);
+      if (p.lse && t == 0) write_lse(p, bh * p.nq + row, bh, row, m[mt][hr], lt, OFF);
       OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {

@@ -148,11 +148,12 @@ __device__ __forceinline__ float ex2_fma(float x) {
 
 // One work tile: BQ (128 or 192) query rows of one (batch, head). Tiles are numbered with the query
 // block fastest, so the CTAs running at one time share a head's K and V in L2; causal
-// tiles of a head go longest first.
+// tiles of a head go longest first. nq, nk: the batch entry's queries and keys (packed
+// sequences: its own, which may leave the tile empty, nkb = 0; the producer skips those).
 struct Sm90Tile {
-  int q0, h, b, nkb;
+  int q0, h, b, nkb, nq, nk;
 };
-template <int BQ>
+template <int BQ, bool VL>
 __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
   const int ntq = BQ == 128 ? p.nq_pad / 128 : (p.nq_pad + BQ - 1) / BQ;  // nq_pad: a multiple of 128
   const int qi = w % ntq, bh = w / ntq;
@@ -160,9 +161,12 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
   t.q0 = (p.causal ? ntq - 1 - qi : qi) * BQ;
   t.h = bh % p.heads_q;
   t.b = bh / p.heads_q;
-  int kv_lim = p.nk;
+  t.nq = VL ? min(max(p.seq_q[p.batch + t.b], 0), p.nq) : p.nq;
+  t.nk = VL ? min(max(p.seq_k[p.batch + t.b], 0), p.nk) : p.nk;
+  int kv_lim = t.nk;
   if (p.causal) kv_lim = min(kv_lim, t.q0 + BQ);
-  t.nkb = (kv_lim + kSm90BlockK - 1) / kSm90BlockK;  // >= 1: nk > 0
+  t.nkb = (kv_lim + kSm90BlockK - 1) / kSm90BlockK;  // >= 1 without packed sequences: nk > 0
+  if (VL && t.q0 >= t.nq) t.nkb = 0;
   return t;
 }
 
@@ -173,9 +177,12 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 // CTA's producer loads half of every K and V tile and multicasts it to both, so the pair reads
 // the head's K and V from L2 once instead of twice (at the power cap that traffic costs
 // clock: bench/NOTES.md). The consumers are the same.
-template <int D, int NCONS, typename OutT, int CL = 1, int VX = 1>
+// VL: packed sequences (p.seq_q, p.seq_k), built apart so that the other instances keep their
+// registers (per-tile key counts cost the D=128 three-consumer loop 52 bytes more spill).
+template <int D, int NCONS, typename OutT, int CL = 1, int VX = 1, bool VL = false>
 __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   static_assert(CL == 1 || CL == 2, "one CTA, or a pair sharing K and V");
+  static_assert(!VL || (CL == 1 && VX == 1), "packed sequences: no clusters, one V term");
   using S = Sm90Shape<D, NCONS, VX>;
   constexpr int ST = S::kStages, BK = S::kBK, NC = S::kNC;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
@@ -252,7 +259,14 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       // next unclaimed one, claimed when this tile's loads are all issued (a few key tiles
       // before the consumers finish it), so CTAs that finish early take more. The end is
       // signalled on the next Q buffer's barrier too.
+      auto next_tile = [&](int w) {
+        return p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
+      };
       for (int w = blockIdx.x, it = 0;; ++it) {
+        // packed sequences: tiles past their sequence's end (or of a sequence without keys)
+        // are never handed to the consumers, which then take the index from `chan`
+        if constexpr (VL)
+          while (w < tiles && sm90_tile<S::kBQ, VL>(p, w).nkb == 0) w = next_tile(w);
         const int qb = it % S::kQBufs;
         if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
         if (chan) chan[qb] = w;  // released to the consumers by the arrival below
@@ -260,7 +274,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           mbar_arrive(&full_q[qb]);
           break;
         }
-        const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
+        const Sm90Tile tl = sm90_tile<S::kBQ, VL>(p, w);
         const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
         mbar_expect_tx(&full_q[qb], S::kQBytes);
@@ -303,7 +317,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
             load_kv(smem + S::kOffV + st * S::kVStride + tm * S::kVTerm + rank * (S::kVBytes / CL), &a.tv, kb * BK,
                     static_cast<int>((bhk * VX + tm) * D + rank * (D / CL)), &full_v[st]);
         }
-        w = p.tile_counter ? static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1) : w + static_cast<int>(gridDim.x);
+        w = next_tile(w);
       }
     }
   } else {
@@ -311,7 +325,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
     regs_alloc<S::kConsRegs>();
     const int cw = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int nwb = p.nq_pad / kAttnWarpQ;
-    const int k_groups = p.k_groups, nk = p.nk;
+    const int k_groups = p.k_groups;
     const bool causal = p.causal != 0;
     const bool pairs = out_pairs_ok(p, D);
 
@@ -348,8 +362,8 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         if (chan) mbar_wait(&full_q[(it + 1) % S::kQBufs], ((it + 1) / S::kQBufs) & 1);
         return __shfl_sync(0xffffffffu, tile_at(it + 1), 0) >= tiles;
       };
-      const Sm90Tile tl = sm90_tile<S::kBQ>(p, w);
-      const int h = tl.h, b = tl.b, nkb = tl.nkb, c0 = c;
+      const Sm90Tile tl = sm90_tile<S::kBQ, VL>(p, w);
+      const int h = tl.h, b = tl.b, nkb = tl.nkb, nk = VL ? tl.nk : p.nk, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
       const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
       const int row_w = tl.q0 + cw * 64 + warp * 16;  // first query row of this warp
@@ -579,7 +593,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         const float lt = l[hr];  // the whole row's sum (from the PV product)
         inv[hr] = lt > 0.f ? 1.f / lt : 0.f;
         const int row = row_w + g + 8 * hr;
-        if (p.lse && t == 0 && row < p.nq) write_lse(p, bh, row, m[hr], lt, OFF);
+        if (p.lse && t == 0 && row < (VL ? tl.nq : p.nq)) {
+          const int64_t at = VL ? static_cast<int64_t>(h) * p.total_q + p.seq_q[b] + row : bh * p.nq + row;
+          write_lse(p, at, bh, row, m[hr], lt, OFF);
+        }
       }
       // output columns 8j + 2t and 8j + 2t + 1 of row g + 8 hr, scaled
       auto out2 = [&](int j, int hr) {
@@ -611,11 +628,12 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           bulk_commit();
         }
       } else {
-        OutT* ob = static_cast<OutT*>(p.o) + b * p.o_stride_b + h * p.o_stride_h;
+        // (packed sequences: the entry's rows start at row seq_q[b] of o [total_q, Hq, d_out])
+        OutT* ob = static_cast<OutT*>(p.o) + (VL ? p.seq_q[b] * p.o_stride_n : b * p.o_stride_b) + h * p.o_stride_h;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int row = row_w + g + 8 * hr;
-          if (row >= p.nq) continue;
+          if (row >= (VL ? tl.nq : p.nq)) continue;
           OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
           for (int j = 0; j < D / 8; ++j) {
@@ -643,15 +661,15 @@ inline int64_t sm90_tiles(const AttnParams& p, int bq) {
   return static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
 }
 
-template <int D, int NC, int CL, int VX>
+template <int D, int NC, int CL, int VX, bool VL = false>
 cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, int tiles) {
   using S = Sm90Shape<D, NC, VX>;
   Sm90Args a;
   a.p = p;
   cudaError_t err = sm90_make_maps(p, D, S::kBQ, CL, a);
   if (err != cudaSuccess) return err;
-  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL, VX>
-                                              : attn_sm90_kernel<D, NC, __half, CL, VX>;
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL, VX, VL>
+                                              : attn_sm90_kernel<D, NC, __half, CL, VX, VL>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
   return launch_pdl_cluster(CL, kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, tiles);
@@ -693,6 +711,10 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   // hardware balances them as CTAs finish.
   const int grid = p.causal && !p.tile_counter ? static_cast<int>(tiles) : sm90_grid(tiles);
   if (grid <= 0) return cudaErrorInvalidDevice;
+  if (p.seq_q) {  // packed sequences (attn_sm90 checked: the tile counter, one V term)
+    if constexpr (VX == 1) return attn_sm90_run<D, NC, 1, 1, true>(p, stream, grid, static_cast<int>(tiles));
+    else return cudaErrorInvalidValue;
+  }
   // pairs of CTAs sharing K and V: D=128 with three consumers (long sequences), the only shape
   // where it was measured to pay (bench/NOTES.md)
   if constexpr (D == 128 && NC == 3) {

@@ -75,7 +75,7 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_pa
                   encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, span, qk_swizzle) &&
                   encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
-  a.o_tma = encode_o(&a.to, p) ? 1 : 0;
+  a.o_tma = !p.seq_q && encode_o(&a.to, p) ? 1 : 0;  // packed output rows: plain stores
 #ifdef SAGE_SM90_NO_OTMA  // experiments: the plain-store epilogue everywhere
   a.o_tma = 0;
 #endif
@@ -117,14 +117,16 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   const int64_t tiles = sm90_tiles(p, 64 * sm90_consumers(p, head_dim));
   const int grid = sm90_grid(tiles);  // the launch's grid (each CTA gets two tile-index slots below)
   // causal tiles differ in length; equal tiles take a fixed stride, and one tile per CTA
-  // needs no balancing
-  const bool counter = forced >= 0 ? forced == 1 : p.causal && tiles > grid;
+  // needs no balancing. Packed sequences always take the counter: their tiles differ in
+  // length, and the consumers learn which tiles are not empty through its slots.
+  const bool counter = p.seq_q || (forced >= 0 ? forced == 1 : p.causal && tiles > grid);
   return counter && grid > 0 ? 1 + 2 * grid : 0;  // the counter, then two tile indices per CTA
 }
 
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
-      p.nq_pad % 128 != 0 || p.v_terms < 0 || p.v_terms > 2)
+      p.nq_pad % 128 != 0 || p.v_terms < 0 || p.v_terms > 2 || !p.seq_q != !p.seq_k ||
+      (p.seq_q && (!p.tile_counter || p.v_terms == 2)))
     return cudaErrorInvalidValue;
   if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;
   switch (head_dim) {

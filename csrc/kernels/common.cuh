@@ -74,6 +74,15 @@ __device__ __forceinline__ bool vec_ok(const void* base, int64_t sb, int64_t sh,
          sn % per16 == 0 && d % per16 == 0;
 }
 
+// Batch entry b of an input: the element offset of its first row and its row count (packed
+// sequences: Input4D::seqs; counts outside [0, n] are clamped, so no row past n is read).
+__device__ __forceinline__ int64_t entry_offset(const Input4D& in, int b) {
+  return in.seqs ? static_cast<int64_t>(in.seqs[b]) * in.stride_n : static_cast<int64_t>(b) * in.stride_b;
+}
+__device__ __forceinline__ int entry_rows(const Input4D& in, int b) {
+  return in.seqs ? min(max(in.seqs[in.batch + b], 0), in.n) : in.n;
+}
+
 // Combines eight per-channel partials across the lanes 4, 8 and 16 apart (the eight token
 // chains of a warp whose lane % 4 picks the channel group), with `op` (sum, max or min).
 template <typename Op>
@@ -133,10 +142,12 @@ __device__ __forceinline__ bool out_pairs_ok(const AttnParams& p, int head_dim) 
 
 // Writes the natural-log LSE of one query row from its base-2 running maximum `m` and sum
 // `l` (P was computed as 2^(s - m + off)), plus the K-smoothing correction when present.
-__device__ __forceinline__ void write_lse(const AttnParams& p, int64_t bh, int row, float m, float l, float off) {
+// `at`: the row's index in lse; lse_add is read at bh * nq + row.
+__device__ __forceinline__ void write_lse(const AttnParams& p, int64_t at, int64_t bh, int row, float m, float l,
+                                          float off) {
   float val = l > 0.f ? (m + __log2f(l) - off) * kLn2 : -INFINITY;
   if (p.lse_add) val += p.lse_add[bh * p.nq + row] * p.lse_add_scale;
-  p.lse[bh * p.nq + row] = val;
+  p.lse[at] = val;
 }
 
 // Stores output columns col and col + 1 of one row (those below d_out when not `pairs`).

@@ -15,11 +15,15 @@ enum class DType : int { kHalf = 0, kBFloat16 = 1 };
 //   groups == 8: row r of the block uses scale r % 8 (per-thread Q)
 //   groups == 4: row r uses scale (r % 8) / 2 (per-thread K)
 // A [B, H, N, D] fp16/bf16 input with arbitrary strides (unit stride on D).
+// Packed sequences (varlen; quant_qkv only): with `seqs`, batch entry b is the rows
+// seqs[b] .. seqs[b] + seqs[batch + b] - 1 (int32 row starts, then row counts, each count at
+// most n) of one [rows, H, D] tensor; stride_b is then unused.
 struct Input4D {
   const void* data;
   DType dtype;
   int64_t stride_b, stride_h, stride_n;
   int batch, heads, n, d;
+  const int* seqs;
 };
 
 struct QuantInt8Params {
@@ -118,6 +122,14 @@ struct AttnParams {
   PVAccum accum;
   int* tile_counter;           // sm90: zeroed ints for the dynamic work-tile schedule (the
                                // counter, then each CTA's tile indices), or null; see below
+  // Packed sequences (varlen; sm90 only, which then needs tile_counter): int32 [2, batch], the
+  // row starts then the row counts of each batch entry's queries in the packed output
+  // o [total_q, Hq, d_out] (o_stride_b unused; lse [Hq, total_q]) and of its keys (counts of
+  // at most nq / nk); q, k, v, the scales and lse_add stay in the padded [B, H, n_pad]
+  // layouts. Null: every entry has nq queries and nk keys.
+  const int* seq_q;
+  const int* seq_k;
+  int total_q;
 };
 
 // Query rows per CTA, per warp (the per-warp/per-thread Q scale layout depends on it) and keys per block.
@@ -139,9 +151,10 @@ cudaError_t attn_fp8_pv(const AttnParams& p, int head_dim, cudaStream_t stream);
 constexpr int kSm90BlockK = 128;
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream);
 // Zeroed ints attn_sm90 wants in p.tile_counter for this call: 1 + 2 x its grid where the
-// persistent CTAs take work tiles from a counter (causal calls with more tiles than SMs), else
-// 0 (a fixed tile stride; causal calls without a counter launch one CTA per tile).
-// SAGEATTN_SM90_SCHED=0 or 1 forces the fixed stride or the counter on every call (tests, A/B runs).
+// persistent CTAs take work tiles from a counter (causal calls with more tiles than SMs, and
+// packed sequences), else 0 (a fixed tile stride; causal calls without a counter launch one
+// CTA per tile). SAGEATTN_SM90_SCHED=0 or 1 forces the fixed stride or the counter on every
+// call but packed ones (tests, A/B runs).
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim);
 #endif
 

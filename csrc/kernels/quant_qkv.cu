@@ -219,9 +219,9 @@ __global__ void __launch_bounds__(kStatThreads, kFull ? 2 : 4) qkv_stats_kernel(
   const int c0 = blockIdx.x * kStatChannels, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cg = tid & 3, r = tid >> 2;  // 8 channels (cg) of the token chain r per thread
-  const int n = p.v.n, d = p.v.d, col0 = c0 + cg * 8;
-  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
-  const T* k = static_cast<const T*>(p.k.data) + b * p.k.stride_b + h * p.k.stride_h;
+  const int n = entry_rows(p.v, b), d = p.v.d, col0 = c0 + cg * 8;
+  const T* v = static_cast<const T*>(p.v.data) + entry_offset(p.v, b) + h * p.v.stride_h;
+  const T* k = static_cast<const T*>(p.k.data) + entry_offset(p.k, b) + h * p.k.stride_h;
   const bool vvec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
   const bool kvec = vec_ok<T>(p.k.data, p.k.stride_b, p.k.stride_h, p.k.stride_n, d);
   const bool ksum = p.k_mean != nullptr;
@@ -319,8 +319,8 @@ struct RowJob {
 template <typename T>
 __device__ __forceinline__ RowJob rows_of(const Input4D& in, int b, int h) {
   RowJob j;
-  j.x = static_cast<const T*>(in.data) + b * in.stride_b + h * in.stride_h;
-  j.stride_n = in.stride_n, j.n = in.n, j.d = in.d;
+  j.x = static_cast<const T*>(in.data) + entry_offset(in, b) + h * in.stride_h;
+  j.stride_n = in.stride_n, j.n = entry_rows(in, b), j.d = in.d;
   j.vec = vec_ok<T>(in.data, in.stride_b, in.stride_h, in.stride_n, in.d);
   return j;
 }
@@ -557,8 +557,8 @@ __device__ SAGE_V_FIX_INLINE void v_fix_group(const QuantQKVParams& p, int64_t b
   const int lane = threadIdx.x & 31;
   const bool flagged = __ldcg(p.v_over + bh * DP + c0 + lane) != 0u;  // channel c0 + lane
   if (!__any_sync(0xffffffffu, flagged)) return;
-  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads), n = p.v.n, d = p.v.d;
-  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads), n = entry_rows(p.v, b), d = p.v.d;
+  const T* v = static_cast<const T*>(p.v.data) + entry_offset(p.v, b) + h * p.v.stride_h;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, d);
   // max |v| of 8 channels (lane % 4) over the token chain lane / 4 (tokens lane / 4 + 8 i)
   const int cg = lane & 3;
@@ -596,10 +596,10 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const int64_t bh = rest % bhs;
   const int tn = tiles_n - 1 - static_cast<int>(rest / bhs);
   const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
-  const T* v = static_cast<const T*>(p.v.data) + b * p.v.stride_b + h * p.v.stride_h;
+  const T* v = static_cast<const T*>(p.v.data) + entry_offset(p.v, b) + h * p.v.stride_h;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, p.v.d);
   const int n0t = tn * kVTokens;
-  quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, p.v.n - n0t, bh, n0t, tc * kVChannels,
+  quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, entry_rows(p.v, b) - n0t, bh, n0t, tc * kVChannels,
                       p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_over != nullptr);
   if (p.v_over) {
     // the group's tile count, released after the warp's stores (and flags); the tile that
@@ -715,7 +715,7 @@ cudaError_t launch_d(const QuantQKVParams& p, cudaStream_t stream) {
 
 bool valid(const QuantQKVParams& p) {
   const bool shapes = p.k.batch == p.q.batch && p.v.batch == p.q.batch && p.v.heads == p.k.heads &&
-                      p.v.n == p.k.n && p.k.d == p.q.d && p.v.d == p.q.d && p.k.heads > 0 &&
+                      p.v.n == p.k.n && p.v.seqs == p.k.seqs && p.k.d == p.q.d && p.v.d == p.q.d && p.k.heads > 0 &&
                       p.q.heads % p.k.heads == 0 && p.q.dtype == p.k.dtype && p.v.dtype == p.q.dtype;
   const bool pads = (p.d_pad == 64 || p.d_pad == 128 || p.d_pad == 256) && p.d_pad >= p.q.d &&
                     p.nq_pad % kAttnWarpQ == 0 && p.nq_pad >= p.q.n && p.nk_pad % kAttnBlockK == 0 &&

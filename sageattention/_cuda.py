@@ -79,7 +79,7 @@ def _register_fakes(ns: str) -> None:
     if hasattr(getattr(torch.ops, ns), "quant_qkv"):
 
         def quant_qkv(q, k, v, q_prescale, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
-                      nq_pad, nk_pad, d_pad, v_full_stats=False, v_terms=1):
+                      nq_pad, nk_pad, d_pad, v_full_stats=False, v_terms=1, seq_q=None, seq_k=None):
             b, hq, nq, d = q.shape
             hk = k.shape[1]
             f32 = torch.float32
@@ -98,8 +98,11 @@ def _register_fakes(ns: str) -> None:
         torch.library.register_fake(f"{ns}::quant_qkv", quant_qkv)
 
     def attn(q8, k8, v, q_scale, k_scale, v_scale, v_mean, lse_add, q_groups, k_groups, nq, nk, d_out,
-             causal, accum, nhd, return_lse, lse_add_scale, out_dtype):
+             causal, accum, nhd, return_lse, lse_add_scale, out_dtype, seq_q=None, seq_k=None, total_q=0):
         b, hq = q8.shape[:2]
+        if seq_q is not None:  # packed sequences: o [total_q, Hq, d_out], lse [Hq, total_q]
+            o = q8.new_empty((total_q, hq, d_out), dtype=out_dtype)
+            return o, q8.new_empty((hq, total_q) if return_lse else (0, 0), dtype=torch.float32)
         shape = (b, nq, hq, d_out) if nhd else (b, hq, nq, d_out)
         o = q8.new_empty(shape, dtype=out_dtype)
         lse = q8.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
@@ -149,6 +152,65 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
                      q_groups, k_groups, nq, nk, d, is_causal, ACCUM[pv_accum_dtype], nhd, return_lse,
                      sm_scale, q.dtype)
     return (o, lse) if return_lse else o
+
+
+def packed_view(t: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
+    """A packed ``[total, H, D]`` tensor as the ``[batch, H, rows, D]`` input the ops take with
+    packed sequences: every entry is the first ``rows`` rows (batch stride 0); the kernels
+    move entry b to its sequence's first row (``Input4D::seqs`` in csrc/kernels/launch.h).
+    ``rows`` is at most ``total``, so the view stays inside the tensor."""
+    t = t if t.stride(2) == 1 or t.shape[2] == 1 else t.contiguous()
+    return t.as_strided((batch, t.shape[1], rows, t.shape[2]), (0, t.stride(1), t.stride(0), t.stride(2)))
+
+
+def packed_seqs(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: bool):
+    """The ops' ``seq_q``/``seq_k`` from int32 offsets: ``[2, B]`` row starts then row counts;
+    causal (top-left) calls count only each sequence's first Nq keys (the others are never seen)."""
+    count_q = cu_q[1:] - cu_q[:-1]
+    count_k = cu_k[1:] - cu_k[:-1]
+    if causal:
+        count_k = torch.minimum(count_k, count_q)
+    return torch.stack((cu_q[:-1], count_q)), torch.stack((cu_k[:-1], count_k))
+
+
+def forward_varlen(fn: str, q3, k3, v3, cu_q, cu_k, lens_q, lens_k, is_causal: bool, sm_scale: float,
+                   qk_quant_gran: str, smooth_k: bool, return_lse: bool):
+    """Packed sequences (``q3 [total_q, Hq, D]``, ``k3, v3 [total_k, Hkv, D]``, int32 offsets
+    ``cu_q``/``cu_k`` on the device, their lengths ``lens_q``/``lens_k`` on the host) on the
+    Hopper kernel (fp8 PV, fp32+fp32); returns ``o`` and the LSE ``[Hq, total_q]`` (or None).
+
+    Sequence b is batch entry b of the kernel's padded buffers: quant_qkv reads its rows from
+    the packed tensors (a [B, H, max_len, D] view whose rows start at each sequence's offset)
+    and the kernel writes its output rows and LSE straight into the packed results, skipping
+    the work tiles past each sequence's end. Each sequence gets what a call on it alone gets
+    (its own K mean, scales and tiles; causal: only its first Nq keys). The buffers hold
+    B x max_len rows: dispatch.varlen_on_kernel bounds that against the rows there are."""
+    require(fn, SM90)
+    op = ops(SM90)
+    d = q3.shape[2]
+    nb = len(lens_q)
+    # causal (top-left): sequence b's queries see its first lens_q[b] keys only
+    seen_k = [min(a, b) for a, b in zip(lens_k, lens_q)] if is_causal else list(lens_k)
+    max_q, max_k = max(lens_q), max(seen_k)
+    nq_pad, nk_pad = _ceil(max_q, BLOCK_Q), _ceil(max_k, SM90_BLOCK_K)
+    q_groups, k_groups = (8, 4) if qk_quant_gran == "per_thread" else (1, 1)
+    seq_q, seq_k = packed_seqs(cu_q, cu_k, is_causal)
+    rowdot = return_lse and smooth_k
+    q8, qs, qdot, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
+        packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k), sm_scale * LOG2E,
+        q_groups, k_groups, smooth_k, False, rowdot, FP8_MAX, nq_pad, nk_pad, padded_head_dim(d), False, 1,
+        seq_q, seq_k)
+    o, lse = op.attn(q8, k8, v8, qs, ks, v_scale, None, qdot if rowdot else None, q_groups, k_groups, max_q, max_k,
+                     d, is_causal, ACCUM["fp32+fp32"], True, return_lse, sm_scale, q3.dtype, seq_q, seq_k,
+                     q3.shape[0])
+    if any(lq and not lk for lq, lk in zip(lens_q, seen_k)):
+        # sequences with queries but no keys ran no tile: zeros and an LSE of -inf, as Triton's
+        none = torch.tensor([lk == 0 for lk in seen_k]).repeat_interleave(torch.tensor(lens_q))
+        none = none.to(o.device)
+        o[none] = 0
+        if return_lse:
+            lse[:, none] = float("-inf")
+    return o, (lse if return_lse else None)
 
 
 def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype: torch.dtype,

@@ -400,3 +400,26 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
         return False
     return dims.head_dim > lim.head_dim_above or short_call(lim, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
                                                             dims.head_dim, causal, dims.heads_kv)
+
+
+#: ``sageattn_varlen`` on the Hopper kernel gives every packed sequence the longest one's rows
+#: in the kernel's quantized buffers (B x max_len rows of INT8 Q and K and e4m3 V; the padding
+#: costs memory and the quantization's zero writes, not attention work: the kernel skips the
+#: tiles past each sequence's end). Up to this many times the rows the sequences have, which
+#: keeps the buffers within the size of the fp16/bf16 inputs times two, it does; beyond, the
+#: Triton kernel runs, whose buffers hold each sequence's own rows.
+VARLEN_PADDING = 4
+
+
+def varlen_on_kernel(backend: str, lens_q: Sequence[int], lens_k: Sequence[int], causal: bool) -> bool:
+    """Whether ``sageattn_varlen`` runs the sequences (their query and key lengths) on the
+    Hopper kernel (_cuda.forward_varlen) rather than the Triton kernel: ``backend`` is
+    ``cuda_sm90``, some sequence has queries and keys it sees (causal: its first Nq keys), and
+    the padded rows are at most :data:`VARLEN_PADDING` times the rows there are."""
+    if backend != "cuda_sm90" or not lens_q:
+        return False
+    seen_k = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else list(lens_k)
+    if not any(a and b for a, b in zip(lens_q, seen_k)):
+        return False
+    padded = len(lens_q) * (max(lens_q) + max(seen_k))
+    return padded <= VARLEN_PADDING * (sum(lens_q) + sum(seen_k))

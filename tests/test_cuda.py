@@ -3,6 +3,8 @@ and granularity against the reference, torch.compile, the custom ops' registrati
 (opcheck), odd strides. GPU only; each test skips with the reason when its extension is not
 in this build or cannot run on this GPU."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,7 @@ import torch.nn.functional as F
 import sageattention as sa
 from helpers import FP8_BACKENDS, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, dispatch
-from sageattention.reference import AMAX_EPS, attention_quantized, k_sample_index
+from sageattention.reference import AMAX_EPS, attention_exact, attention_quantized, k_sample_index
 
 pytestmark = pytest.mark.gpu
 
@@ -596,3 +598,108 @@ def test_quant_qkv_opcheck(backend):
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 1, 1, False, False, False, 2.25, 128, nk_pad, 64))
     # V as two e4m3 terms (hi rows, then lo rows)
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 8, 4, True, False, False, 448.0, 128, nk_pad, 64, False, 2))
+
+
+# Packed sequences on the Hopper kernel: (queries, keys) per sequence. Within a set the D=128
+# kernel takes as many consumers for the longest sequence as for each alone (three from 2048
+# keys, causal 8192), so each sequence's exponentials and tiles match a call on it alone.
+VARLEN_SETS = {
+    "short": ([1, 77, 1000, 0, 33, 700, 129], [5, 77, 1500, 9, 0, 2000, 128]),
+    "long": ([2048, 4097, 3000], [2100, 4097, 2500]),
+}
+
+
+def _packed(lens_q, lens_k, hq, hk, d, dtype, seed, strided=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(dtype).cuda()
+    if strided:  # k and v as views of one packed kv tensor
+        kv = torch.randn(sum(lens_k), 2, hk, d, generator=g).to(dtype).cuda()
+        k, v = kv[:, 0], kv[:, 1]
+    else:
+        k = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
+        v = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
+    k = k + 2.0  # a K bias: smoothing per sequence matters
+    cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32, device="cuda")
+                  for n in (lens_q, lens_k))
+    return q, k, v, cu_q, cu_k
+
+
+def _on_kernel(monkeypatch):
+    """sageattn_varlen forced onto the Hopper kernel; returns the list its calls land in."""
+    _need(SM90)
+    if dispatch.chosen(torch.device("cuda"))[0] != SM90:
+        pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
+    monkeypatch.setattr(dispatch, "VARLEN_PADDING", 10 ** 9)
+    calls, real = [], _cuda.forward_varlen
+    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [40, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("lens", list(VARLEN_SETS))
+def test_sm90_varlen_matches_each_sequence_alone(lens, dtype, d, causal, gqa, monkeypatch):
+    """sageattn_varlen on the Hopper kernel gives each packed sequence, bit for bit, what the
+    sm90 function gives it alone (its own K mean, scales and tiles; causal: its first Nq keys),
+    o and LSE; a sequence with queries but no keys gets zeros and an LSE of -inf."""
+    calls = _on_kernel(monkeypatch)
+    lens_q, lens_k = VARLEN_SETS[lens]
+    if causal:
+        lens_k = [max(n - 3, 0) if i % 2 else n + 5 for i, n in enumerate(lens_q)]  # fewer and more keys
+    hq, hk = (4, 2) if gqa else (3, 3)
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, hq, hk, d, dtype, seed=d)
+    o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
+    assert calls == [lens_q] and o.shape == q.shape and lse.shape == (hq, sum(lens_q))
+    sq = sk = 0
+    for nq, nk in zip(lens_q, lens_k):
+        seen = min(nk, nq) if causal else nk
+        if nq and seen:
+            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
+            od, ld = sa.sageattn_qk_int8_pv_fp8_cuda_sm90(*part, tensor_layout="NHD", is_causal=causal,
+                                                          return_lse=True)
+            assert torch.equal(o[sq:sq + nq], od[0]), f"sequence {nq}x{nk}"
+            assert torch.equal(lse[:, sq:sq + nq], ld[0]), f"sequence {nq}x{nk}"
+        elif nq:
+            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all()
+        sq += nq
+        sk += nk
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_varlen_strided_and_without_lse(causal, monkeypatch):
+    """K and V as views of one packed tensor (rows strided), no LSE, no K smoothing: the same
+    outputs as contiguous copies, and close to exact attention per sequence."""
+    calls = _on_kernel(monkeypatch)
+    lens = [300, 1, 1200, 64]
+    q, k, v, cu_q, cu_k = _packed(lens, lens, 8, 2, 128, torch.bfloat16, seed=1, strided=True)
+    assert not k.is_contiguous()
+    o = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 1200, 1200, is_causal=causal, smooth_k=False)
+    oc = sa.sageattn_varlen(q, k.contiguous(), v.contiguous(), cu_q, cu_k, 1200, 1200, is_causal=causal,
+                            smooth_k=False)
+    assert len(calls) == 2 and torch.equal(o, oc)
+    s = 0
+    for n in lens:
+        part = [t[s:s + n][None] for t in (q, k, v)]
+        eo = attention_exact(*part, tensor_layout="NHD", is_causal=causal)
+        assert_close_to_fp32(o[s:s + n][None], eo, f"sequence {n}", **FP8_BARS)
+        s += n
+
+
+def test_sm90_varlen_padding_rule_keeps_skewed_lengths_on_triton(monkeypatch):
+    """With the default VARLEN_PADDING, equal lengths run on the Hopper kernel and one long
+    sequence beside many short ones on Triton (the padded buffers would hold 30x the rows)."""
+    _need(SM90)
+    if dispatch.chosen(torch.device("cuda"))[0] != SM90:
+        pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
+    calls, real = [], _cuda.forward_varlen
+    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))
+    for lens, on_kernel in (([2000, 1900, 2048], True), ([4096] + [32] * 40, False)):
+        q, k, v, cu_q, cu_k = _packed(lens, lens, 4, 4, 64, torch.float16, seed=2)
+        calls.clear()
+        o = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), is_causal=True)
+        assert calls == ([lens] if on_kernel else [])
+        for s, n in ((0, lens[0]), (sum(lens) - lens[-1], lens[-1])):  # the first and the last sequence
+            eo = attention_exact(*[t[s:s + n][None] for t in (q, k, v)], tensor_layout="NHD", is_causal=True)
+            assert_close_to_fp32(o[s:s + n][None], eo, f"sequence {n}", **FP8_BARS)

@@ -698,3 +698,63 @@ def test_cudnn_check_is_torchs_on_the_cpu():
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
     assert _sdpa._cudnn_can_run(q, q, q, False) is False
     assert _sdpa._cudnn_can_run(q, q[:, :1], q[:, :1], True) is False  # asked as GQA
+
+
+@pytest.mark.parametrize("backend,lens_q,lens_k,causal,expected", [
+    ("cuda_sm90", [4096] * 4, [4096] * 4, False, True),              # equal lengths: no padding
+    ("cuda_fp8", [4096] * 4, [4096] * 4, False, False),              # only the Hopper kernel takes them
+    ("triton", [4096] * 4, [4096] * 4, False, False),
+    ("cuda_sm90", [4096] + [1024] * 3, [4096] + [1024] * 3, False, True),  # 2.3x the rows
+    ("cuda_sm90", [4096] + [16] * 40, [4096] + [16] * 40, False, False),  # 35x: Triton
+    ("cuda_sm90", [4, 0, 0, 0], [4, 0, 0, 0], False, True),          # exactly VARLEN_PADDING x
+    ("cuda_sm90", [4, 0, 0, 0, 0], [4, 0, 0, 0, 0], False, False),   # one row-less entry more
+    # causal counts the keys each sequence sees: 7 short sequences with 4096 keys each
+    ("cuda_sm90", [64] * 7 + [4096], [4096] * 8, False, True),
+    ("cuda_sm90", [64] * 7 + [4096], [4096] * 8, True, False),
+    ("cuda_sm90", [10, 20], [0, 0], False, False),                   # no keys anywhere
+    ("cuda_sm90", [0, 5], [5, 0], True, False),                       # no key that a query sees
+    ("cuda_sm90", [], [], False, False),
+])
+def test_varlen_on_kernel(backend, lens_q, lens_k, causal, expected):
+    assert dispatch.varlen_on_kernel(backend, lens_q, lens_k, causal) is expected
+
+
+def test_varlen_goes_to_the_hopper_kernel_by_the_rule(monkeypatch):
+    """sageattn_varlen with an sm90 choice (faked onto CPU tensors) calls _cuda.forward_varlen
+    with the int32 offsets, the host lengths, sageattn's quantization granularity and the call's
+    arguments, and returns its result; with lengths the padding rule refuses, the Triton path."""
+    from sageattention import _cuda
+    from sageattention import triton as st
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", tuple(sorted(dispatch._SM90.options.items())),
+                                                            tuple(LIMITS)))
+    calls = []
+
+    def fake_kernel(fn, q, k, v, cu_q, cu_k, lens_q, lens_k, causal, scale, gran, smooth_k, lse):
+        calls.append(("kernel", cu_q.dtype, cu_k.dtype, lens_q, lens_k, causal, scale, gran, smooth_k, lse))
+        return torch.full_like(q, 3.0), torch.full((q.shape[1], q.shape[0]), -1.0) if lse else None
+
+    def fake_triton(q, k, v, o, *args, **kwargs):
+        calls.append(("triton",))
+        o.fill_(5.0)
+        return torch.zeros(q.shape[1], q.shape[0]) if kwargs["return_lse"] else None
+
+    monkeypatch.setattr(_cuda, "forward_varlen", fake_kernel)
+    monkeypatch.setattr(st, "forward_varlen", fake_triton)
+    lens = [30, 50]
+    q = torch.randn(80, 4, 64, dtype=torch.bfloat16)
+    k = v = torch.randn(80, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 30, 80], dtype=torch.int64)
+    o, lse = sa.sageattn_varlen(q, k, v, cu, cu, 50, 50, is_causal=True, sm_scale=0.25, smooth_k=False,
+                                return_lse=True)
+    assert calls == [("kernel", torch.int32, torch.int32, lens, lens, True, 0.25, "per_thread", False, True)]
+    assert (o == 3.0).all() and (lse == -1.0).all() and lse.shape == (4, 80)
+    # one long sequence beside 40 short ones: 35x the rows padded, so Triton
+    lens = [400] + [2] * 40
+    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))])
+    q = torch.randn(480, 4, 64, dtype=torch.bfloat16)
+    k = v = torch.randn(480, 2, 64, dtype=torch.bfloat16)
+    calls.clear()
+    o = sa.sageattn_varlen(q, k, v, cu, cu, 400, 400)
+    assert calls == [("triton",)] and (o == 5.0).all()

@@ -261,3 +261,30 @@ def test_torch_compile_fullgraph_traces_the_triton_path(device):
     torch._dynamo.reset()
     got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, is_causal=True, return_lse=True)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_sequences_layout_for_the_hopper_kernel(causal):
+    """What _cuda.forward_varlen hands the ops for packed sequences, read the way the kernels
+    read it (Input4D::seqs: entry b starts seqs[0][b] rows into the view and has seqs[1][b]
+    rows): each entry is its sequence's rows of the packed tensor, strided inputs included,
+    and causal entries count only the keys their queries see."""
+    from sageattention import _cuda
+
+    lens_q, lens_k = [5, 0, 17, 3, 9], [7, 4, 0, 12, 9]
+    cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32) for n in (lens_q, lens_k))
+    seq_q, seq_k = _cuda.packed_seqs(cu_q, cu_k, causal)
+    assert seq_q.dtype == seq_k.dtype == torch.int32 and seq_q.is_contiguous() and seq_q.shape == (2, 5)
+    seen = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else lens_k
+    assert seq_q[1].tolist() == lens_q and seq_k[1].tolist() == seen
+    qkv = torch.randn(sum(lens_k), 3, 2, 8)  # k and v as views of one packed tensor: strided rows
+    for t, seq, lens in ((torch.randn(sum(lens_q), 4, 8), seq_q, lens_q), (qkv[:, 1], seq_k, lens_k)):
+        view = _cuda.packed_view(t, len(lens), max(lens))
+        assert view.shape == (len(lens), t.shape[1], max(lens), 8) and view.stride(0) == 0
+        starts = itertools.accumulate([0] + lens)
+        for b, start in zip(range(len(lens)), starts):
+            assert seq[0, b] == start
+            rows = int(seq[1, b])
+            entry = view[0].as_strided((t.shape[1], rows, 8), view.stride()[1:],
+                                       view.storage_offset() + int(seq[0, b]) * view.stride(2))
+            assert torch.equal(entry, t[start:start + rows].transpose(0, 1))

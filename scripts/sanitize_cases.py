@@ -9,6 +9,9 @@ kernel (the last tile of each 32-channel group).
     compute-sanitizer --tool memcheck  --error-exitcode 1 python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python scripts/sanitize_cases.py
 
+The Hopper kernel's packed sequences (``cuda_sm90_varlen``: sageattn_varlen forced onto it):
+lengths 1, 17, 1000 and 4097 with an empty sequence and one without keys, at D 64, 128, 256.
+
 Exits non-zero on a non-finite output as well (the sanitizer reports its own errors).
 """
 
@@ -67,7 +70,36 @@ def main(argv=None) -> int:
             bad += not fine
             print(f"{backend} {opts} D={d} H={hq}/{hk} N={n} causal={causal}: {'ok' if fine else 'NON-FINITE'}",
                   flush=True)
+    if not only or "cuda_sm90_varlen" in only:
+        bad += varlen_cases()
     return 1 if bad else 0
+
+
+def varlen_cases() -> int:
+    """sageattn_varlen on the Hopper kernel (VARLEN_PADDING lifted so that every case runs there)."""
+    ok, why = dispatch.backend_status("cuda_sm90", torch.cuda.get_device_capability())
+    if not ok:
+        print(f"skip cuda_sm90_varlen: {why}")
+        return 0
+    dispatch.VARLEN_PADDING = 10 ** 9
+    bad = 0
+    lens_q = [1, 17, 0, 1000, 4097, 33]
+    for d, causal in itertools.product((64, 128, 256), (False, True)):
+        lens_k = lens_q if causal else [5, 17, 9, 1300, 4097, 0]
+        g = torch.Generator(device="cuda").manual_seed(d)
+        q = torch.randn(sum(lens_q), 4, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(sum(lens_k), 2, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(sum(lens_k), 2, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32, device="cuda")
+                      for n in (lens_q, lens_k))
+        o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
+        torch.cuda.synchronize()
+        keyed = torch.tensor([lk > 0 for lk in lens_k]).repeat_interleave(torch.tensor(lens_q)).cuda()
+        fine = bool(torch.isfinite(o).all() and torch.isfinite(lse[:, keyed]).all())
+        bad += not fine
+        print(f"cuda_sm90_varlen D={d} lens {lens_q} / {lens_k} causal={causal}: {'ok' if fine else 'NON-FINITE'}",
+              flush=True)
+    return bad
 
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+"""Packed variable-length sequences: sageattn_varlen (Hopper kernel where the padding rule
+lets it, else Triton) against its Triton path, torch's FlashAttention varlen
+(torch.nn.attention.varlen.varlen_attn, where this torch has it) and a loop of per-sequence
+SDPA calls with cuDNN first. Every call is timed end to end (quantization included) with
+do_bench, median of three; TOPS = 4 * Hq * D * sum(Nq * Nk) (halved when causal) over that time.
+
+    python bench/varlen.py --out bench/results      # writes <date>-<gpu>-<commit>-varlen.md
+
+Each row's "path" column says which kernel sageattn_varlen took (dispatch.varlen_on_kernel).
+"""
+
+import argparse
+import datetime
+import os
+import random
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sageattention as sa  # noqa: E402
+from sageattention import dispatch  # noqa: E402
+from timing import gpu_us  # noqa: E402
+
+# name -> (sequence lengths (queries = keys), query heads, K/V heads, head dim, causal)
+_RNG = random.Random(7)
+CASES = {
+    "4 x 4096": ([4096] * 4, 32, 32, 128, False),
+    "4 x 4096 causal": ([4096] * 4, 32, 32, 128, True),
+    "video: 8k 6k 4k 2k": ([8192, 6144, 4096, 2048], 32, 32, 128, False),
+    "video: 8k 6k 4k 2k, D=64": ([8192, 6144, 4096, 2048], 32, 32, 64, False),
+    "prefill: 16 x 256-4096 causal GQA": ([_RNG.randrange(256, 4097) for _ in range(16)], 32, 8, 128, True),
+    "skewed: 16k + 40 x 256 causal": ([16384] + [256] * 40, 32, 32, 128, True),
+}
+
+
+def make(lens, hq, hk, d):
+    g = torch.Generator(device="cuda").manual_seed(sum(lens))
+    total = sum(lens)
+    q = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(total, hk, d, device="cuda", dtype=torch.bfloat16, generator=g) + 1.0
+    v = torch.randn(total, hk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device="cuda")
+    cu[1:] = torch.tensor(lens, device="cuda").cumsum(0)
+    return q, k, v, cu
+
+
+def backends(lens, hq, hk, causal):
+    n = max(lens)
+
+    def sage(q, k, v, cu):
+        return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
+
+    def triton(q, k, v, cu):
+        keep = dispatch.VARLEN_PADDING
+        dispatch.VARLEN_PADDING = 0  # the rule then refuses every call: the Triton path
+        try:
+            return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
+        finally:
+            dispatch.VARLEN_PADDING = keep
+
+    starts = [0]
+    for x in lens:
+        starts.append(starts[-1] + x)
+
+    def per_seq_cudnn(q, k, v, cu):
+        o = torch.empty_like(q)
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            for a, b in zip(starts[:-1], starts[1:]):
+                qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+                o[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal,
+                                                        enable_gqa=hq != hk)[0].transpose(0, 1)
+        return o
+
+    out = {"sageattn_varlen": sage, "sageattn_varlen (Triton)": triton, "SDPA per sequence (cuDNN)": per_seq_cudnn}
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        def flash(q, k, v, cu):
+            return varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0) if causal else (-1, -1),
+                               enable_gqa=hq != hk)
+
+        out["torch varlen_attn (flash)"] = flash
+    except ImportError:
+        pass
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="folder for the markdown table")
+    ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    args = ap.parse_args()
+    gpu = torch.cuda.get_device_name()
+    commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
+    lines = [f"# sageattn_varlen on {gpu}", "",
+             f"Commit {commit}, torch {torch.__version__}, {datetime.date.today()}, `python bench/varlen.py`. "
+             "bf16, K with a bias of 1; end to end; TOPS = 4 Hq D sum(Nq Nk) (halved when causal) / median time.",
+             "", "| case | path | " + " | ".join(["backend", "ms", "TOPS"]) + " |", "|---|---|---|---|---|"]
+    for name in args.cases:
+        lens, hq, hk, d, causal = CASES[name]
+        q, k, v, cu = make(lens, hq, hk, d)
+        path = "Hopper kernel" if dispatch.varlen_on_kernel(dispatch.chosen(q.device)[0], lens, lens, causal) \
+            else "Triton"
+        ops = 4 * hq * d * sum(x * x for x in lens) / (2 if causal else 1)
+        for bname, fn in backends(lens, hq, hk, causal).items():
+            try:
+                us = gpu_us(lambda: fn(q, k, v, cu))
+                row = f"| {name} (lens {lens if len(lens) <= 4 else f'{len(lens)} seqs, {min(lens)}-{max(lens)}'}, " \
+                      f"H {hq}/{hk}, D {d}) | {path} | {bname} | {us / 1e3:.3f} | {ops / us / 1e6:.0f} |"
+            except Exception as exc:  # a baseline this torch or GPU cannot run
+                row = f"| {name} | {path} | {bname} | failed: {type(exc).__name__}: {str(exc)[:80]} | |"
+            print(row, flush=True)
+            lines.append(row)
+        q = k = v = cu = None  # free the inputs before the next case
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-{commit}-varlen.md"
+        with open(os.path.join(args.out, stem), "w") as f:
+            f.write(text)
+        print("wrote", os.path.join(args.out, stem))
+
+
+if __name__ == "__main__":
+    main()

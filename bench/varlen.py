@@ -6,7 +6,8 @@ do_bench, median of three; TOPS = 4 * Hq * D * sum(Nq * Nk) (halved when causal)
 
     python bench/varlen.py --out bench/results      # writes <date>-<gpu>-<commit>-varlen.md
 
-Each row's "path" column says which kernel sageattn_varlen took (dispatch.varlen_on_kernel).
+Each row's "path" column says which kernel sageattn_varlen took and in how many launches
+(dispatch.varlen_groups).
 """
 
 import argparse
@@ -54,12 +55,12 @@ def backends(lens, hq, hk, causal):
         return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
 
     def triton(q, k, v, cu):
-        keep = dispatch.VARLEN_PADDING
-        dispatch.VARLEN_PADDING = 0  # the rule then refuses every call: the Triton path
+        keep = dispatch.varlen_groups
+        dispatch.varlen_groups = lambda *a: None  # no groups for the Hopper kernel: the Triton path
         try:
             return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
         finally:
-            dispatch.VARLEN_PADDING = keep
+            dispatch.varlen_groups = keep
 
     starts = [0]
     for x in lens:
@@ -75,16 +76,26 @@ def backends(lens, hq, hk, causal):
         return o
 
     out = {"sageattn_varlen": sage, "sageattn_varlen (Triton)": triton, "SDPA per sequence (cuDNN)": per_seq_cudnn}
+    if len(set(lens)) == 1:  # equal lengths: the same work as one dense batch
+        def dense(q, k, v, cu):
+            shape = (len(lens), n) + q.shape[1:]
+            return sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q.view(shape), k.view(shape[:2] + k.shape[1:]),
+                                                        v.view(shape[:2] + v.shape[1:]), tensor_layout="NHD",
+                                                        is_causal=causal)
+
+        out["sm90 function on the dense batch"] = dense
     try:
         from torch.nn.attention.varlen import varlen_attn
-
+    except ImportError:
+        varlen_attn = None
+    if varlen_attn is not None and hq == hk:  # (torch 2.11's varlen_attn has no GQA)
         def flash(q, k, v, cu):
-            return varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0) if causal else (-1, -1),
-                               enable_gqa=hq != hk)
+            try:
+                return varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0) if causal else (-1, -1))
+            except TypeError:  # a torch whose varlen_attn takes is_causal instead
+                return varlen_attn(q, k, v, cu, cu, n, n, is_causal=causal)
 
         out["torch varlen_attn (flash)"] = flash
-    except ImportError:
-        pass
     return out
 
 
@@ -102,8 +113,8 @@ def main():
     for name in args.cases:
         lens, hq, hk, d, causal = CASES[name]
         q, k, v, cu = make(lens, hq, hk, d)
-        path = "Hopper kernel" if dispatch.varlen_on_kernel(dispatch.chosen(q.device)[0], lens, lens, causal) \
-            else "Triton"
+        groups = dispatch.varlen_groups(dispatch.chosen(q.device)[0], lens, lens, causal)
+        path = f"Hopper kernel, {len(groups)} launch{'es' if len(groups) > 1 else ''}" if groups else "Triton"
         ops = 4 * hq * d * sum(x * x for x in lens) / (2 if causal else 1)
         for bname, fn in backends(lens, hq, hk, causal).items():
             try:

@@ -173,43 +173,61 @@ def packed_seqs(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: bool):
     return torch.stack((cu_q[:-1], count_q)), torch.stack((cu_k[:-1], count_k))
 
 
-def forward_varlen(fn: str, q3, k3, v3, cu_q, cu_k, lens_q, lens_k, is_causal: bool, sm_scale: float,
+def forward_varlen(fn: str, q3, k3, v3, cu_q, cu_k, lens_q, lens_k, groups, is_causal: bool, sm_scale: float,
                    qk_quant_gran: str, smooth_k: bool, return_lse: bool):
     """Packed sequences (``q3 [total_q, Hq, D]``, ``k3, v3 [total_k, Hkv, D]``, int32 offsets
     ``cu_q``/``cu_k`` on the device, their lengths ``lens_q``/``lens_k`` on the host) on the
     Hopper kernel (fp8 PV, fp32+fp32); returns ``o`` and the LSE ``[Hq, total_q]`` (or None).
 
-    Sequence b is batch entry b of the kernel's padded buffers: quant_qkv reads its rows from
-    the packed tensors (a [B, H, max_len, D] view whose rows start at each sequence's offset)
-    and the kernel writes its output rows and LSE straight into the packed results, skipping
-    the work tiles past each sequence's end. Each sequence gets what a call on it alone gets
-    (its own K mean, scales and tiles; causal: only its first Nq keys). The buffers hold
-    B x max_len rows: dispatch.varlen_on_kernel bounds that against the rows there are."""
+    ``groups`` (dispatch.varlen_groups): lists of sequence indices, each run as one batch whose
+    entry b is sequence groups[g][b]: quant_qkv reads its rows from the packed tensors (a
+    [B, H, max_len, D] view whose entries start at each sequence's offset) into buffers of
+    B x max_len rows, and the kernel writes its output rows and LSE straight into packed
+    results, skipping the work tiles past each sequence's end. Each sequence gets what a call
+    on it alone gets (its own K mean, scales and tiles; causal: only its first Nq keys).
+    Sequences in no group (no queries, or no key their queries see) get zeros and an LSE of
+    -inf, as from the Triton kernel."""
     require(fn, SM90)
     op = ops(SM90)
-    d = q3.shape[2]
-    nb = len(lens_q)
+    d, total_q = q3.shape[2], q3.shape[0]
     # causal (top-left): sequence b's queries see its first lens_q[b] keys only
     seen_k = [min(a, b) for a, b in zip(lens_k, lens_q)] if is_causal else list(lens_k)
-    max_q, max_k = max(lens_q), max(seen_k)
-    nq_pad, nk_pad = _ceil(max_q, BLOCK_Q), _ceil(max_k, SM90_BLOCK_K)
     q_groups, k_groups = (8, 4) if qk_quant_gran == "per_thread" else (1, 1)
-    seq_q, seq_k = packed_seqs(cu_q, cu_k, is_causal)
-    rowdot = return_lse and smooth_k
-    q8, qs, qdot, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
-        packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k), sm_scale * LOG2E,
-        q_groups, k_groups, smooth_k, False, rowdot, FP8_MAX, nq_pad, nk_pad, padded_head_dim(d), False, 1,
-        seq_q, seq_k)
-    o, lse = op.attn(q8, k8, v8, qs, ks, v_scale, None, qdot if rowdot else None, q_groups, k_groups, max_q, max_k,
-                     d, is_causal, ACCUM["fp32+fp32"], True, return_lse, sm_scale, q3.dtype, seq_q, seq_k,
-                     q3.shape[0])
-    if any(lq and not lk for lq, lk in zip(lens_q, seen_k)):
-        # sequences with queries but no keys ran no tile: zeros and an LSE of -inf, as Triton's
-        none = torch.tensor([lk == 0 for lk in seen_k]).repeat_interleave(torch.tensor(lens_q))
-        none = none.to(o.device)
-        o[none] = 0
+    seq_q_all, seq_k_all = packed_seqs(cu_q, cu_k, is_causal)
+    starts = [0]
+    for n in lens_q:
+        starts.append(starts[-1] + n)
+
+    def rows_of(seqs):  # packed query rows of these sequences, as an index on the device
+        idx = [torch.arange(starts[i], starts[i] + lens_q[i]) for i in seqs]
+        return torch.cat(idx).to(q3.device) if idx else None
+
+    o = lse = None
+    for g in groups:
+        nb, max_q, max_k = len(g), max(lens_q[i] for i in g), max(seen_k[i] for i in g)
+        pick = torch.tensor(g, device=q3.device)
+        seq_q, seq_k = seq_q_all[:, pick].contiguous(), seq_k_all[:, pick].contiguous()
+        rowdot = return_lse and smooth_k
+        q8, qs, qdot, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
+            packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k), sm_scale * LOG2E,
+            q_groups, k_groups, smooth_k, False, rowdot, FP8_MAX, _ceil(max_q, BLOCK_Q), _ceil(max_k, SM90_BLOCK_K),
+            padded_head_dim(d), False, 1, seq_q, seq_k)
+        og, lg = op.attn(q8, k8, v8, qs, ks, v_scale, None, qdot if rowdot else None, q_groups, k_groups, max_q,
+                         max_k, d, is_causal, ACCUM["fp32+fp32"], True, return_lse, sm_scale, q3.dtype, seq_q, seq_k,
+                         total_q)
+        if o is None:  # the first group's results hold the others' rows too
+            o, lse = og, lg
+        else:
+            rows = rows_of(g)
+            o[rows] = og[rows]
+            if return_lse:
+                lse[:, rows] = lg[:, rows]
+    placed = {i for g in groups for i in g}
+    rows = rows_of([i for i, n in enumerate(lens_q) if n and i not in placed])
+    if rows is not None:  # no key to attend: no tile ran
+        o[rows] = 0
         if return_lse:
-            lse[:, none] = float("-inf")
+            lse[:, rows] = float("-inf")
     return o, (lse if return_lse else None)
 
 

@@ -344,10 +344,9 @@ def sageattn_varlen(
     gets zeros (LSE -inf). ``return_lse=True`` also returns ``lse [Hq, total_q]``.
     The offsets are read back to the host once per call to check them.
 
-    Kernel: where ``sageattn`` runs the Hopper kernel (H100-class GPUs), that kernel, unless the
-    sequences differ so much in length that padding each to the longest would take more than
-    ``dispatch.VARLEN_PADDING`` times their rows (``dispatch.varlen_on_kernel``); otherwise, and
-    on every other GPU, the Triton kernel. Short sequences are not handed to SDPA.
+    Kernel: where ``sageattn`` runs the Hopper kernel (H100-class GPUs), that kernel, one launch
+    per group of sequences of similar length (``dispatch.varlen_groups``); on every other GPU the
+    Triton kernel. Short sequences are not handed to SDPA.
     """
     fn = "sageattn_varlen"
     C.check_bool(fn, "is_causal", is_causal)
@@ -371,13 +370,14 @@ def sageattn_varlen(
     if scale is None:
         scale = 1.0 / math.sqrt(dims.head_dim)
     backend, options, _ = dispatch.chosen(q.device)
-    if dims.len_q > 0 and dispatch.varlen_on_kernel(backend, lens_q, lens_k, is_causal):
+    groups = dispatch.varlen_groups(backend, lens_q, lens_k, is_causal) if dims.len_q > 0 else None
+    if groups:
         from . import _cuda
 
         opts = {**_CUDA_DEFAULTS[backend], **dict(options)}
         o, lse = _cuda.forward_varlen(fn, q, k, v, cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32),
-                                      lens_q, lens_k, is_causal, float(scale), opts["qk_quant_gran"], smooth_k,
-                                      return_lse)
+                                      lens_q, lens_k, groups, is_causal, float(scale), opts["qk_quant_gran"],
+                                      smooth_k, return_lse)
         return (o, lse) if return_lse else o
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((dims.heads_q, dims.len_q), dtype=torch.float32, device=q.device) if return_lse else None

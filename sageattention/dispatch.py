@@ -402,24 +402,36 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
                                                             dims.head_dim, causal, dims.heads_kv)
 
 
-#: ``sageattn_varlen`` on the Hopper kernel gives every packed sequence the longest one's rows
-#: in the kernel's quantized buffers (B x max_len rows of INT8 Q and K and e4m3 V; the padding
-#: costs memory and the quantization's zero writes, not attention work: the kernel skips the
-#: tiles past each sequence's end). Up to this many times the rows the sequences have, which
-#: keeps the buffers within the size of the fp16/bf16 inputs times two, it does; beyond, the
-#: Triton kernel runs, whose buffers hold each sequence's own rows.
+#: ``sageattn_varlen`` on the Hopper kernel runs packed sequences as the entries of a batch
+#: whose quantized buffers give every entry the longest one's rows (INT8 Q and K and e4m3 V;
+#: the padding costs memory and the quantization's zero writes, not attention work: the kernel
+#: skips the tiles past each sequence's end). Sequences are grouped so that in each group the
+#: padded rows are at most this many times the rows its sequences have (the buffers then stay
+#: within twice the size of the fp16/bf16 inputs); each group is one quantization and one
+#: kernel launch.
 VARLEN_PADDING = 4
 
 
-def varlen_on_kernel(backend: str, lens_q: Sequence[int], lens_k: Sequence[int], causal: bool) -> bool:
-    """Whether ``sageattn_varlen`` runs the sequences (their query and key lengths) on the
-    Hopper kernel (_cuda.forward_varlen) rather than the Triton kernel: ``backend`` is
-    ``cuda_sm90``, some sequence has queries and keys it sees (causal: its first Nq keys), and
-    the padded rows are at most :data:`VARLEN_PADDING` times the rows there are."""
-    if backend != "cuda_sm90" or not lens_q:
-        return False
+def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int],
+                  causal: bool) -> Optional[List[List[int]]]:
+    """How ``sageattn_varlen`` runs packed sequences (their query and key lengths) on the
+    Hopper kernel (_cuda.forward_varlen): groups of sequence indices, longest first, each
+    within :data:`VARLEN_PADDING`; sequences without queries or without a key their queries
+    see (causal: among their first Nq keys) are in none. None (the Triton kernel) unless
+    ``backend`` is ``cuda_sm90`` and some sequence has work."""
+    if backend != "cuda_sm90":
+        return None
     seen_k = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else list(lens_k)
-    if not any(a and b for a, b in zip(lens_q, seen_k)):
-        return False
-    padded = len(lens_q) * (max(lens_q) + max(seen_k))
-    return padded <= VARLEN_PADDING * (sum(lens_q) + sum(seen_k))
+    work = sorted((i for i, (a, b) in enumerate(zip(lens_q, seen_k)) if a and b),
+                  key=lambda i: (-max(lens_q[i], seen_k[i]), i))
+    groups: List[List[int]] = []
+    for i in work:
+        g = groups[-1] if groups else None
+        if g is not None:
+            mq, mk = max(lens_q[j] for j in g + [i]), max(seen_k[j] for j in g + [i])
+            rows = sum(lens_q[j] + seen_k[j] for j in g) + lens_q[i] + seen_k[i]
+            if (len(g) + 1) * (mq + mk) <= VARLEN_PADDING * rows:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups or None

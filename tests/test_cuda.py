@@ -614,11 +614,11 @@ def _packed(lens_q, lens_k, hq, hk, d, dtype, seed, strided=False):
     q = torch.randn(sum(lens_q), hq, d, generator=g).to(dtype).cuda()
     if strided:  # k and v as views of one packed kv tensor
         kv = torch.randn(sum(lens_k), 2, hk, d, generator=g).to(dtype).cuda()
+        kv[:, 0] += 2.0  # a K bias: smoothing per sequence matters
         k, v = kv[:, 0], kv[:, 1]
     else:
-        k = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
+        k = (torch.randn(sum(lens_k), hk, d, generator=g) + 2.0).to(dtype).cuda()
         v = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
-    k = k + 2.0  # a K bias: smoothing per sequence matters
     cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32, device="cuda")
                   for n in (lens_q, lens_k))
     return q, k, v, cu_q, cu_k
@@ -687,19 +687,29 @@ def test_sm90_varlen_strided_and_without_lse(causal, monkeypatch):
         s += n
 
 
-def test_sm90_varlen_padding_rule_keeps_skewed_lengths_on_triton(monkeypatch):
-    """With the default VARLEN_PADDING, equal lengths run on the Hopper kernel and one long
-    sequence beside many short ones on Triton (the padded buffers would hold 30x the rows)."""
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_varlen_runs_skewed_lengths_in_groups(causal, monkeypatch):
+    """With the default VARLEN_PADDING, one long sequence beside 40 short ones runs as two
+    launches (dispatch.varlen_groups), and every sequence still gets, bit for bit, what the sm90
+    function gives it alone (D=64: three consumers at every length)."""
     _need(SM90)
     if dispatch.chosen(torch.device("cuda"))[0] != SM90:
         pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
     calls, real = [], _cuda.forward_varlen
-    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))
-    for lens, on_kernel in (([2000, 1900, 2048], True), ([4096] + [32] * 40, False)):
-        q, k, v, cu_q, cu_k = _packed(lens, lens, 4, 4, 64, torch.float16, seed=2)
-        calls.clear()
-        o = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), is_causal=True)
-        assert calls == ([lens] if on_kernel else [])
-        for s, n in ((0, lens[0]), (sum(lens) - lens[-1], lens[-1])):  # the first and the last sequence
-            eo = attention_exact(*[t[s:s + n][None] for t in (q, k, v)], tensor_layout="NHD", is_causal=True)
-            assert_close_to_fp32(o[s:s + n][None], eo, f"sequence {n}", **FP8_BARS)
+    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[8]) or real(*a))
+    lens = [32] * 20 + [4096] + [32] * 19 + [0, 7]
+    lens_k = lens if causal else lens[:-1] + [0]  # the last: queries without keys
+    q, k, v, cu_q, cu_k = _packed(lens, lens_k, 4, 2, 64, torch.float16, seed=2)
+    o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens_k), is_causal=causal, return_lse=True)
+    assert len(calls) == 1 and len(calls[0]) == 2 and calls[0][0][0] == 20
+    sq = sk = 0
+    for nq, nk in zip(lens, lens_k):
+        if nq and nk:
+            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
+            od, ld = sa.sageattn_qk_int8_pv_fp8_cuda_sm90(*part, tensor_layout="NHD", is_causal=causal,
+                                                          return_lse=True)
+            assert torch.equal(o[sq:sq + nq], od[0]) and torch.equal(lse[:, sq:sq + nq], ld[0]), f"{nq}x{nk}"
+        elif nq:
+            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all()
+        sq += nq
+        sk += nk

@@ -701,38 +701,61 @@ def test_cudnn_check_is_torchs_on_the_cpu():
 
 
 @pytest.mark.parametrize("backend,lens_q,lens_k,causal,expected", [
-    ("cuda_sm90", [4096] * 4, [4096] * 4, False, True),              # equal lengths: no padding
-    ("cuda_fp8", [4096] * 4, [4096] * 4, False, False),              # only the Hopper kernel takes them
-    ("triton", [4096] * 4, [4096] * 4, False, False),
-    ("cuda_sm90", [4096] + [1024] * 3, [4096] + [1024] * 3, False, True),  # 2.3x the rows
-    ("cuda_sm90", [4096] + [16] * 40, [4096] + [16] * 40, False, False),  # 35x: Triton
-    ("cuda_sm90", [4, 0, 0, 0], [4, 0, 0, 0], False, True),          # exactly VARLEN_PADDING x
-    ("cuda_sm90", [4, 0, 0, 0, 0], [4, 0, 0, 0, 0], False, False),   # one row-less entry more
+    ("cuda_sm90", [4096] * 4, [4096] * 4, False, [[0, 1, 2, 3]]),        # equal lengths: one batch
+    ("cuda_fp8", [4096] * 4, [4096] * 4, False, None),                   # only the Hopper kernel takes them
+    ("triton", [4096] * 4, [4096] * 4, False, None),
+    ("cuda_sm90", [1024, 4096, 1024, 1024], [1024, 4096, 1024, 1024], False, [[1, 0, 2, 3]]),  # 2.3x the rows
+    # exactly VARLEN_PADDING x the rows (5 x 32 padded for 40), then one short sequence too many
+    ("cuda_sm90", [16, 1, 1, 1, 1], [16, 1, 1, 1, 1], False, [[0, 1, 2, 3, 4]]),
+    ("cuda_sm90", [16, 1, 1, 1, 1, 1], [16, 1, 1, 1, 1, 1], False, [[0, 1, 2, 3, 4], [5]]),
+    # one long sequence beside many short ones: the long one with the 3 its padding allows, then the rest
+    ("cuda_sm90", [4096] + [16] * 40, [4096] + [16] * 40, False, [[0, 1, 2, 3], list(range(4, 41))]),
     # causal counts the keys each sequence sees: 7 short sequences with 4096 keys each
-    ("cuda_sm90", [64] * 7 + [4096], [4096] * 8, False, True),
-    ("cuda_sm90", [64] * 7 + [4096], [4096] * 8, True, False),
-    ("cuda_sm90", [10, 20], [0, 0], False, False),                   # no keys anywhere
-    ("cuda_sm90", [0, 5], [5, 0], True, False),                       # no key that a query sees
-    ("cuda_sm90", [], [], False, False),
+    ("cuda_sm90", [64] * 7 + [4096], [4096] * 8, False, [[0, 1, 2, 3, 4, 5, 6, 7]]),
+    ("cuda_sm90", [64] * 7 + [4096], [4096] * 8, True, [[7, 0, 1, 2], [3, 4, 5, 6]]),
+    ("cuda_sm90", [10, 0, 20, 5], [0, 3, 7, 5], False, [[2, 3]]),          # no queries, no keys: in no group
+    ("cuda_sm90", [10, 20], [0, 0], False, None),                          # no work anywhere
+    ("cuda_sm90", [0, 5], [5, 0], True, None),                             # no key that a query sees
+    ("cuda_sm90", [], [], False, None),
 ])
-def test_varlen_on_kernel(backend, lens_q, lens_k, causal, expected):
-    assert dispatch.varlen_on_kernel(backend, lens_q, lens_k, causal) is expected
+def test_varlen_groups(backend, lens_q, lens_k, causal, expected):
+    assert dispatch.varlen_groups(backend, lens_q, lens_k, causal) == expected
 
 
-def test_varlen_goes_to_the_hopper_kernel_by_the_rule(monkeypatch):
+@pytest.mark.parametrize("seed", range(20))
+def test_varlen_groups_cover_the_work_within_the_padding_bound(seed):
+    """Random lengths: every sequence with work is in exactly one group and each group's padded
+    rows are within VARLEN_PADDING times its rows."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randrange(1, 60)
+    lens_q = [rng.choice([0, 1, rng.randrange(1, 300), rng.randrange(1, 9000)]) for _ in range(n)]
+    lens_k = [rng.choice([0, q, rng.randrange(1, 9000)]) for q in lens_q]
+    causal = bool(seed % 2)
+    seen = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else lens_k
+    groups = dispatch.varlen_groups("cuda_sm90", lens_q, lens_k, causal) or []
+    flat = [i for g in groups for i in g]
+    assert sorted(flat) == [i for i in range(n) if lens_q[i] and seen[i]]
+    for g in groups:
+        padded = len(g) * (max(lens_q[i] for i in g) + max(seen[i] for i in g))
+        assert padded <= dispatch.VARLEN_PADDING * sum(lens_q[i] + seen[i] for i in g)
+
+
+def test_varlen_goes_to_the_hopper_kernel_by_backend(monkeypatch):
     """sageattn_varlen with an sm90 choice (faked onto CPU tensors) calls _cuda.forward_varlen
-    with the int32 offsets, the host lengths, sageattn's quantization granularity and the call's
-    arguments, and returns its result; with lengths the padding rule refuses, the Triton path."""
+    with the int32 offsets, the host lengths, the groups, sageattn's quantization granularity
+    and the call's arguments, and returns its result; with another choice, the Triton path."""
     from sageattention import _cuda
     from sageattention import triton as st
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", tuple(sorted(dispatch._SM90.options.items())),
-                                                            tuple(LIMITS)))
+    sm90 = ("cuda_sm90", tuple(sorted(dispatch._SM90.options.items())), tuple(LIMITS))
+    monkeypatch.setattr(dispatch, "chosen", lambda device: sm90)
     calls = []
 
-    def fake_kernel(fn, q, k, v, cu_q, cu_k, lens_q, lens_k, causal, scale, gran, smooth_k, lse):
-        calls.append(("kernel", cu_q.dtype, cu_k.dtype, lens_q, lens_k, causal, scale, gran, smooth_k, lse))
+    def fake_kernel(fn, q, k, v, cu_q, cu_k, lens_q, lens_k, groups, causal, scale, gran, smooth_k, lse):
+        calls.append(("kernel", cu_q.dtype, cu_k.dtype, lens_q, lens_k, groups, causal, scale, gran, smooth_k, lse))
         return torch.full_like(q, 3.0), torch.full((q.shape[1], q.shape[0]), -1.0) if lse else None
 
     def fake_triton(q, k, v, o, *args, **kwargs):
@@ -748,13 +771,10 @@ def test_varlen_goes_to_the_hopper_kernel_by_the_rule(monkeypatch):
     cu = torch.tensor([0, 30, 80], dtype=torch.int64)
     o, lse = sa.sageattn_varlen(q, k, v, cu, cu, 50, 50, is_causal=True, sm_scale=0.25, smooth_k=False,
                                 return_lse=True)
-    assert calls == [("kernel", torch.int32, torch.int32, lens, lens, True, 0.25, "per_thread", False, True)]
+    assert calls == [("kernel", torch.int32, torch.int32, lens, lens, [[1, 0]], True, 0.25, "per_thread", False,
+                      True)]
     assert (o == 3.0).all() and (lse == -1.0).all() and lse.shape == (4, 80)
-    # one long sequence beside 40 short ones: 35x the rows padded, so Triton
-    lens = [400] + [2] * 40
-    cu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))])
-    q = torch.randn(480, 4, 64, dtype=torch.bfloat16)
-    k = v = torch.randn(480, 2, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_fp8",) + sm90[1:])
     calls.clear()
-    o = sa.sageattn_varlen(q, k, v, cu, cu, 400, 400)
+    o = sa.sageattn_varlen(q, k, v, cu, cu, 50, 50)
     assert calls == [("triton",)] and (o == 5.0).all()

@@ -99,6 +99,22 @@ def backends(lens, hq, hk, causal):
     return out
 
 
+def kernel_ms(fn, calls=5):
+    """GPU time of the kernels one call launches (ms, median over `calls`), from the profiler:
+    beside the do_bench time it shows what the host (the offsets read back, the set-up) adds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(calls):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        per_call.append(sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA") / 1e3)
+    return sorted(per_call)[len(per_call) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="folder for the markdown table")
@@ -109,7 +125,8 @@ def main():
     lines = [f"# sageattn_varlen on {gpu}", "",
              f"Commit {commit}, torch {torch.__version__}, {datetime.date.today()}, `python bench/varlen.py`. "
              "bf16, K with a bias of 1; end to end; TOPS = 4 Hq D sum(Nq Nk) (halved when causal) / median time.",
-             "", "| case | path | " + " | ".join(["backend", "ms", "TOPS"]) + " |", "|---|---|---|---|---|"]
+             "The kernels column: the GPU time of the kernels one call launches (profiler), for sageattn's rows.",
+             "", "| case | path | backend | ms | TOPS | kernels (ms) |", "|---|---|---|---|---|---|"]
     for name in args.cases:
         lens, hq, hk, d, causal = CASES[name]
         q, k, v, cu = make(lens, hq, hk, d)
@@ -119,10 +136,11 @@ def main():
         for bname, fn in backends(lens, hq, hk, causal).items():
             try:
                 us = gpu_us(lambda: fn(q, k, v, cu))
+                kern = f"{kernel_ms(lambda: fn(q, k, v, cu)):.3f}" if bname.startswith(("sageattn_varlen", "sm90")) else ""
                 row = f"| {name} (lens {lens if len(lens) <= 4 else f'{len(lens)} seqs, {min(lens)}-{max(lens)}'}, " \
-                      f"H {hq}/{hk}, D {d}) | {path} | {bname} | {us / 1e3:.3f} | {ops / us / 1e6:.0f} |"
+                      f"H {hq}/{hk}, D {d}) | {path} | {bname} | {us / 1e3:.3f} | {ops / us / 1e6:.0f} | {kern} |"
             except Exception as exc:  # a baseline this torch or GPU cannot run
-                row = f"| {name} | {path} | {bname} | failed: {type(exc).__name__}: {str(exc)[:80]} | |"
+                row = f"| {name} | {path} | {bname} | failed: {type(exc).__name__}: {str(exc)[:80]} | | |"
             print(row, flush=True)
             lines.append(row)
         q = k = v = cu = None  # free the inputs before the next case

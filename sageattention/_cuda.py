@@ -163,21 +163,25 @@ def packed_view(t: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
     return t.as_strided((batch, t.shape[1], rows, t.shape[2]), (0, t.stride(1), t.stride(0), t.stride(2)))
 
 
-def packed_seqs(cu_q: torch.Tensor, cu_k: torch.Tensor, causal: bool):
-    """The ops' ``seq_q``/``seq_k`` from int32 offsets: ``[2, B]`` row starts then row counts;
-    causal (top-left) calls count only each sequence's first Nq keys (the others are never seen)."""
-    count_q = cu_q[1:] - cu_q[:-1]
-    count_k = cu_k[1:] - cu_k[:-1]
-    if causal:
-        count_k = torch.minimum(count_k, count_q)
-    return torch.stack((cu_q[:-1], count_q)), torch.stack((cu_k[:-1], count_k))
+def packed_seqs(lens_q, lens_k, group, causal: bool):
+    """The ops' ``seq_q`` and ``seq_k`` for the sequences ``group`` (indices) of a packed call
+    with these lengths, as nested lists (``[2, len(group)]`` each: row starts, then row
+    counts); causal (top-left) calls count only each sequence's first Nq keys (the others are
+    never seen)."""
+    starts_q, starts_k = [0], [0]
+    for a, b in zip(lens_q, lens_k):
+        starts_q.append(starts_q[-1] + a)
+        starts_k.append(starts_k[-1] + b)
+    seen = [min(a, b) if causal else b for a, b in zip(lens_q, lens_k)]
+    return ([[starts_q[i] for i in group], [lens_q[i] for i in group]],
+            [[starts_k[i] for i in group], [seen[i] for i in group]])
 
 
-def forward_varlen(fn: str, q3, k3, v3, cu_q, cu_k, lens_q, lens_k, groups, is_causal: bool, sm_scale: float,
+def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool, sm_scale: float,
                    qk_quant_gran: str, smooth_k: bool, return_lse: bool):
-    """Packed sequences (``q3 [total_q, Hq, D]``, ``k3, v3 [total_k, Hkv, D]``, int32 offsets
-    ``cu_q``/``cu_k`` on the device, their lengths ``lens_q``/``lens_k`` on the host) on the
-    Hopper kernel (fp8 PV, fp32+fp32); returns ``o`` and the LSE ``[Hq, total_q]`` (or None).
+    """Packed sequences (``q3 [total_q, Hq, D]``, ``k3, v3 [total_k, Hkv, D]``, their lengths
+    ``lens_q``/``lens_k`` on the host) on the Hopper kernel (fp8 PV, fp32+fp32); returns ``o``
+    and the LSE ``[Hq, total_q]`` (or None).
 
     ``groups`` (dispatch.varlen_groups): lists of sequence indices, each run as one batch whose
     entry b is sequence groups[g][b]: quant_qkv reads its rows from the packed tensors (a
@@ -190,10 +194,7 @@ def forward_varlen(fn: str, q3, k3, v3, cu_q, cu_k, lens_q, lens_k, groups, is_c
     require(fn, SM90)
     op = ops(SM90)
     d, total_q = q3.shape[2], q3.shape[0]
-    # causal (top-left): sequence b's queries see its first lens_q[b] keys only
-    seen_k = [min(a, b) for a, b in zip(lens_k, lens_q)] if is_causal else list(lens_k)
     q_groups, k_groups = (8, 4) if qk_quant_gran == "per_thread" else (1, 1)
-    seq_q_all, seq_k_all = packed_seqs(cu_q, cu_k, is_causal)
     starts = [0]
     for n in lens_q:
         starts.append(starts[-1] + n)
@@ -203,18 +204,18 @@ def forward_varlen(fn: str, q3, k3, v3, cu_q, cu_k, lens_q, lens_k, groups, is_c
         return torch.cat(idx).to(q3.device) if idx else None
 
     o = lse = None
+    rowdot = return_lse and smooth_k
     for g in groups:
-        nb, max_q, max_k = len(g), max(lens_q[i] for i in g), max(seen_k[i] for i in g)
-        pick = torch.tensor(g, device=q3.device)
-        seq_q, seq_k = seq_q_all[:, pick].contiguous(), seq_k_all[:, pick].contiguous()
-        rowdot = return_lse and smooth_k
+        sq, sk = packed_seqs(lens_q, lens_k, g, is_causal)
+        nb, max_q, max_k = len(g), max(sq[1]), max(sk[1])
+        seq = torch.tensor([sq, sk], dtype=torch.int32).to(q3.device, non_blocking=True)  # one copy
         q8, qs, qdot, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
             packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k), sm_scale * LOG2E,
             q_groups, k_groups, smooth_k, False, rowdot, FP8_MAX, _ceil(max_q, BLOCK_Q), _ceil(max_k, SM90_BLOCK_K),
-            padded_head_dim(d), False, 1, seq_q, seq_k)
+            padded_head_dim(d), False, 1, seq[0], seq[1])
         og, lg = op.attn(q8, k8, v8, qs, ks, v_scale, None, qdot if rowdot else None, q_groups, k_groups, max_q,
-                         max_k, d, is_causal, ACCUM["fp32+fp32"], True, return_lse, sm_scale, q3.dtype, seq_q, seq_k,
-                         total_q)
+                         max_k, d, is_causal, ACCUM["fp32+fp32"], True, return_lse, sm_scale, q3.dtype, seq[0],
+                         seq[1], total_q)
         if o is None:  # the first group's results hold the others' rows too
             o, lse = og, lg
         else:

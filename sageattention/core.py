@@ -375,9 +375,8 @@ def sageattn_varlen(
         from . import _cuda
 
         opts = {**_CUDA_DEFAULTS[backend], **dict(options)}
-        o, lse = _cuda.forward_varlen(fn, q, k, v, cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32),
-                                      lens_q, lens_k, groups, is_causal, float(scale), opts["qk_quant_gran"],
-                                      smooth_k, return_lse)
+        o, lse = _cuda.forward_varlen(fn, q, k, v, lens_q, lens_k, groups, is_causal, float(scale),
+                                      opts["qk_quant_gran"], smooth_k, return_lse)
         return (o, lse) if return_lse else o
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((dims.heads_q, dims.len_q), dtype=torch.float32, device=q.device) if return_lse else None

@@ -124,7 +124,8 @@ def _sm90_d128_variants(fn):
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    return {int(m.group(1)) for n in names for m in [re.search(r"attn_sm90_kernel<128, 3, \w+, (\d), \d>", n)] if m}
+    pattern = r"attn_sm90_kernel<128, 3, \w+, (\d), \d(?:, (?:false|true))?>"  # (D, NC, out, CL, VX, VL)
+    return {int(m.group(1)) for n in names for m in [re.search(pattern, n)] if m}
 
 
 def _single_and_paired(call, monkeypatch):
@@ -631,7 +632,7 @@ def _on_kernel(monkeypatch):
         pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
     monkeypatch.setattr(dispatch, "VARLEN_PADDING", 10 ** 9)
     calls, real = [], _cuda.forward_varlen
-    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))
+    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[4]) or real(*a))  # lens_q
     return calls
 
 
@@ -696,7 +697,7 @@ def test_sm90_varlen_runs_skewed_lengths_in_groups(causal, monkeypatch):
     if dispatch.chosen(torch.device("cuda"))[0] != SM90:
         pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
     calls, real = [], _cuda.forward_varlen
-    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[8]) or real(*a))
+    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))  # groups
     lens = [32] * 20 + [4096] + [32] * 19 + [0, 7]
     lens_k = lens if causal else lens[:-1] + [0]  # the last: queries without keys
     q, k, v, cu_q, cu_k = _packed(lens, lens_k, 4, 2, 64, torch.float16, seed=2)

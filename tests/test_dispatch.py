@@ -744,7 +744,7 @@ def test_varlen_groups_cover_the_work_within_the_padding_bound(seed):
 
 def test_varlen_goes_to_the_hopper_kernel_by_backend(monkeypatch):
     """sageattn_varlen with an sm90 choice (faked onto CPU tensors) calls _cuda.forward_varlen
-    with the int32 offsets, the host lengths, the groups, sageattn's quantization granularity
+    with the host lengths, the groups, sageattn's quantization granularity
     and the call's arguments, and returns its result; with another choice, the Triton path."""
     from sageattention import _cuda
     from sageattention import triton as st
@@ -754,8 +754,8 @@ def test_varlen_goes_to_the_hopper_kernel_by_backend(monkeypatch):
     monkeypatch.setattr(dispatch, "chosen", lambda device: sm90)
     calls = []
 
-    def fake_kernel(fn, q, k, v, cu_q, cu_k, lens_q, lens_k, groups, causal, scale, gran, smooth_k, lse):
-        calls.append(("kernel", cu_q.dtype, cu_k.dtype, lens_q, lens_k, groups, causal, scale, gran, smooth_k, lse))
+    def fake_kernel(fn, q, k, v, lens_q, lens_k, groups, causal, scale, gran, smooth_k, lse):
+        calls.append(("kernel", lens_q, lens_k, groups, causal, scale, gran, smooth_k, lse))
         return torch.full_like(q, 3.0), torch.full((q.shape[1], q.shape[0]), -1.0) if lse else None
 
     def fake_triton(q, k, v, o, *args, **kwargs):
@@ -771,8 +771,7 @@ def test_varlen_goes_to_the_hopper_kernel_by_backend(monkeypatch):
     cu = torch.tensor([0, 30, 80], dtype=torch.int64)
     o, lse = sa.sageattn_varlen(q, k, v, cu, cu, 50, 50, is_causal=True, sm_scale=0.25, smooth_k=False,
                                 return_lse=True)
-    assert calls == [("kernel", torch.int32, torch.int32, lens, lens, [[1, 0]], True, 0.25, "per_thread", False,
-                      True)]
+    assert calls == [("kernel", lens, lens, [[1, 0]], True, 0.25, "per_thread", False, True)]
     assert (o == 3.0).all() and (lse == -1.0).all() and lse.shape == (4, 80)
     monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_fp8",) + sm90[1:])
     calls.clear()

@@ -265,26 +265,25 @@ def test_torch_compile_fullgraph_traces_the_triton_path(device):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_sequences_layout_for_the_hopper_kernel(causal):
-    """What _cuda.forward_varlen hands the ops for packed sequences, read the way the kernels
-    read it (Input4D::seqs: entry b starts seqs[0][b] rows into the view and has seqs[1][b]
-    rows): each entry is its sequence's rows of the packed tensor, strided inputs included,
-    and causal entries count only the keys their queries see."""
+    """What _cuda.forward_varlen hands the ops for a group of packed sequences, read the way
+    the kernels read it (Input4D::seqs: entry b starts seq[0][b] rows into the view and has
+    seq[1][b] rows): each entry is its sequence's rows of the packed tensor, strided inputs
+    included, in the group's order; causal entries count only the keys their queries see."""
     from sageattention import _cuda
 
     lens_q, lens_k = [5, 0, 17, 3, 9], [7, 4, 0, 12, 9]
-    cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32) for n in (lens_q, lens_k))
-    seq_q, seq_k = _cuda.packed_seqs(cu_q, cu_k, causal)
-    assert seq_q.dtype == seq_k.dtype == torch.int32 and seq_q.is_contiguous() and seq_q.shape == (2, 5)
+    group = [4, 0, 3]
+    seq_q, seq_k = _cuda.packed_seqs(lens_q, lens_k, group, causal)
     seen = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else lens_k
-    assert seq_q[1].tolist() == lens_q and seq_k[1].tolist() == seen
+    assert seq_q[1] == [lens_q[i] for i in group] and seq_k[1] == [seen[i] for i in group]
     qkv = torch.randn(sum(lens_k), 3, 2, 8)  # k and v as views of one packed tensor: strided rows
     for t, seq, lens in ((torch.randn(sum(lens_q), 4, 8), seq_q, lens_q), (qkv[:, 1], seq_k, lens_k)):
-        view = _cuda.packed_view(t, len(lens), max(lens))
-        assert view.shape == (len(lens), t.shape[1], max(lens), 8) and view.stride(0) == 0
-        starts = itertools.accumulate([0] + lens)
-        for b, start in zip(range(len(lens)), starts):
-            assert seq[0, b] == start
-            rows = int(seq[1, b])
-            entry = view[0].as_strided((t.shape[1], rows, 8), view.stride()[1:],
-                                       view.storage_offset() + int(seq[0, b]) * view.stride(2))
-            assert torch.equal(entry, t[start:start + rows].transpose(0, 1))
+        rows = max(seq[1])
+        view = _cuda.packed_view(t, len(group), rows)
+        assert view.shape == (len(group), t.shape[1], rows, 8) and view.stride(0) == 0
+        for b, i in enumerate(group):
+            start = sum(lens[:i])
+            assert seq[0][b] == start and seq[1][b] <= lens[i]
+            entry = view[0].as_strided((t.shape[1], seq[1][b], 8), view.stride()[1:],
+                                       view.storage_offset() + seq[0][b] * view.stride(2))
+            assert torch.equal(entry, t[start:start + seq[1][b]].transpose(0, 1))

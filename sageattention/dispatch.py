@@ -412,6 +412,12 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
 VARLEN_PADDING = 4
 
 
+def seen_keys(lens_q: Sequence[int], lens_k: Sequence[int], causal: bool) -> List[int]:
+    """The keys each packed sequence's queries see: all of them, or (causal, top-left) the
+    first Nq (the others are never attended, and the kernel is not given them)."""
+    return [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else list(lens_k)
+
+
 def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int],
                   causal: bool) -> Optional[List[List[int]]]:
     """How ``sageattn_varlen`` runs packed sequences (their query and key lengths) on the
@@ -421,7 +427,7 @@ def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int],
     ``backend`` is ``cuda_sm90`` and some sequence has work."""
     if backend != "cuda_sm90":
         return None
-    seen_k = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else list(lens_k)
+    seen_k = seen_keys(lens_q, lens_k, causal)
     work = sorted((i for i, (a, b) in enumerate(zip(lens_q, seen_k)) if a and b),
                   key=lambda i: (-max(lens_q[i], seen_k[i]), i))
     groups: List[List[int]] = []

@@ -625,15 +625,35 @@ def _packed(lens_q, lens_k, hq, hk, d, dtype, seed, strided=False):
     return q, k, v, cu_q, cu_k
 
 
-def _on_kernel(monkeypatch):
-    """sageattn_varlen forced onto the Hopper kernel; returns the list its calls land in."""
+def _on_kernel(monkeypatch, one_batch=True):
+    """sageattn_varlen on the Hopper kernel (skips where sageattn does not choose it); with
+    `one_batch`, every call in one launch (VARLEN_PADDING lifted). Returns the list that the
+    groups of each _cuda.forward_varlen call land in."""
     _need(SM90)
     if dispatch.chosen(torch.device("cuda"))[0] != SM90:
         pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
-    monkeypatch.setattr(dispatch, "VARLEN_PADDING", 10 ** 9)
+    if one_batch:
+        monkeypatch.setattr(dispatch, "VARLEN_PADDING", 10 ** 9)
     calls, real = [], _cuda.forward_varlen
-    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[4]) or real(*a))  # lens_q
+    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))  # groups
     return calls
+
+
+def _assert_each_sequence_alone(o, lse, q, k, v, lens_q, lens_k, causal):
+    """Each packed sequence's o and LSE equal, bit for bit, the sm90 function's on it alone; a
+    sequence with queries but no key they see has zeros and an LSE of -inf."""
+    sq = sk = 0
+    for nq, nk in zip(lens_q, lens_k):
+        if nq and dispatch.seen_keys([nq], [nk], causal)[0]:
+            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
+            od, ld = sa.sageattn_qk_int8_pv_fp8_cuda_sm90(*part, tensor_layout="NHD", is_causal=causal,
+                                                          return_lse=True)
+            assert torch.equal(o[sq:sq + nq], od[0]), f"sequence {nq}x{nk}"
+            assert torch.equal(lse[:, sq:sq + nq], ld[0]), f"sequence {nq}x{nk}"
+        elif nq:
+            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all()
+        sq += nq
+        sk += nk
 
 
 @pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
@@ -652,20 +672,10 @@ def test_sm90_varlen_matches_each_sequence_alone(lens, dtype, d, causal, gqa, mo
     hq, hk = (4, 2) if gqa else (3, 3)
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, hq, hk, d, dtype, seed=d)
     o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
-    assert calls == [lens_q] and o.shape == q.shape and lse.shape == (hq, sum(lens_q))
-    sq = sk = 0
-    for nq, nk in zip(lens_q, lens_k):
-        seen = min(nk, nq) if causal else nk
-        if nq and seen:
-            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
-            od, ld = sa.sageattn_qk_int8_pv_fp8_cuda_sm90(*part, tensor_layout="NHD", is_causal=causal,
-                                                          return_lse=True)
-            assert torch.equal(o[sq:sq + nq], od[0]), f"sequence {nq}x{nk}"
-            assert torch.equal(lse[:, sq:sq + nq], ld[0]), f"sequence {nq}x{nk}"
-        elif nq:
-            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all()
-        sq += nq
-        sk += nk
+    work = [i for i, (nq, nk) in enumerate(zip(lens_q, dispatch.seen_keys(lens_q, lens_k, causal))) if nq and nk]
+    assert len(calls) == 1 and len(calls[0]) == 1 and sorted(calls[0][0]) == work  # one launch, every sequence
+    assert o.shape == q.shape and lse.shape == (hq, sum(lens_q))
+    _assert_each_sequence_alone(o, lse, q, k, v, lens_q, lens_k, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -693,24 +703,10 @@ def test_sm90_varlen_runs_skewed_lengths_in_groups(causal, monkeypatch):
     """With the default VARLEN_PADDING, one long sequence beside 40 short ones runs as two
     launches (dispatch.varlen_groups), and every sequence still gets, bit for bit, what the sm90
     function gives it alone (D=64: three consumers at every length)."""
-    _need(SM90)
-    if dispatch.chosen(torch.device("cuda"))[0] != SM90:
-        pytest.skip("sageattn does not choose the Hopper kernel on this GPU")
-    calls, real = [], _cuda.forward_varlen
-    monkeypatch.setattr(_cuda, "forward_varlen", lambda *a: calls.append(a[6]) or real(*a))  # groups
+    calls = _on_kernel(monkeypatch, one_batch=False)
     lens = [32] * 20 + [4096] + [32] * 19 + [0, 7]
     lens_k = lens if causal else lens[:-1] + [0]  # the last: queries without keys
     q, k, v, cu_q, cu_k = _packed(lens, lens_k, 4, 2, 64, torch.float16, seed=2)
     o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens_k), is_causal=causal, return_lse=True)
     assert len(calls) == 1 and len(calls[0]) == 2 and calls[0][0][0] == 20
-    sq = sk = 0
-    for nq, nk in zip(lens, lens_k):
-        if nq and nk:
-            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
-            od, ld = sa.sageattn_qk_int8_pv_fp8_cuda_sm90(*part, tensor_layout="NHD", is_causal=causal,
-                                                          return_lse=True)
-            assert torch.equal(o[sq:sq + nq], od[0]) and torch.equal(lse[:, sq:sq + nq], ld[0]), f"{nq}x{nk}"
-        elif nq:
-            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all()
-        sq += nq
-        sk += nk
+    _assert_each_sequence_alone(o, lse, q, k, v, lens, lens_k, causal)

@@ -342,7 +342,7 @@ def sageattn_varlen(
     kernel gives it alone: K is smoothed with its own mean per sequence; ``is_causal`` masks
     key j for query i of a sequence when j > i (top-left). A sequence with queries but no keys
     gets zeros (LSE -inf). ``return_lse=True`` also returns ``lse [Hq, total_q]``.
-    The offsets are read back to the host once per call to check them.
+    Both offset tensors are read back to the host on every call to check them.
 
     Kernel: where ``sageattn`` runs the Hopper kernel (H100-class GPUs), that kernel, one launch
     per group of sequences of similar length (``dispatch.varlen_groups``); on every other GPU the

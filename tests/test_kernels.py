@@ -263,6 +263,34 @@ def test_torch_compile_fullgraph_traces_the_triton_path(device):
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
+def test_packed_launches_keep_64_key_tiles():
+    """Dense launches switch to 128-key tiles from 8k keys; packed (varlen) ones never do
+    (the varlen kernel spills with them: choose_config's docstring has the measurement)."""
+    assert st.choose_config(128, torch.bfloat16, n_k=16384).block_n == 128
+    for d in (64, 128):
+        assert st.choose_config(d, torch.bfloat16, n_k=16384, packed=True).block_n == 64
+
+
+@pytest.mark.parametrize("d", [40, 64])
+def test_packed_k_mean_is_each_sequences_own_mean(device, d):
+    """The Triton varlen path's K mean: per sequence and head, over that sequence's rows only
+    (chunks of 512 rows, a strided K, an empty sequence gets zeros), and the same bits on a
+    second call."""
+    from sageattention.triton.quant import packed_k_mean
+
+    lens = [3, 0, 1100, 512, 513, 1]
+    g = torch.Generator().manual_seed(d)
+    kv = (torch.randn(sum(lens), 2, 3, d, generator=g) * 2 + 1).to(torch.bfloat16).to(device)
+    k3 = kv[:, 0]  # rows two heads' worth apart: not contiguous
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+    km = packed_k_mean(k3, cu, lens, max(lens))
+    assert km.shape == (len(lens), 3, d) and km.dtype == torch.float32
+    for b, (a, n) in enumerate(zip(cu[:-1].tolist(), lens)):
+        want = k3[a:a + n].double().mean(0) if n else torch.zeros(3, d, dtype=torch.float64, device=device)
+        assert (km[b].double() - want).abs().max() < 1e-5, (b, n)
+    assert torch.equal(packed_k_mean(k3, cu, lens, max(lens)), km)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_sequences_layout_for_the_hopper_kernel(causal):
     """What _cuda.forward_varlen hands the ops for a group of packed sequences, read the way

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from .attn import AttnConfig, attn_int8, block_d_for, choose_config
-from .quant import QuantQK, Varlen, padded_offsets, quant_qk_int8
+from .quant import QuantQK, Varlen, packed_k_mean, padded_offsets, quant_qk_int8
 
 __all__ = ["AttnConfig", "choose_config", "block_d_for", "quantize", "forward", "forward_varlen", "config_for"]
 
@@ -25,13 +25,14 @@ def _device_limits(index: int):
     return cap, smem
 
 
-def config_for(head_dim: int, dtype: torch.dtype, device: torch.device, n_k: Optional[int] = None) -> AttnConfig:
-    """The configuration :func:`forward` uses for these inputs on ``device`` (``n_k``: keys
-    per sequence, the longest one for varlen)."""
+def config_for(head_dim: int, dtype: torch.dtype, device: torch.device, n_k: Optional[int] = None,
+               packed: bool = False) -> AttnConfig:
+    """The configuration :func:`forward` (``packed``: :func:`forward_varlen`) uses for these
+    inputs on ``device`` (``n_k``: keys per sequence, the longest one for varlen)."""
     if device.type == "cuda":
         cap, smem = _device_limits(device.index if device.index is not None else torch.cuda.current_device())
-        return choose_config(head_dim, dtype, cap, smem, n_k)
-    return choose_config(head_dim, dtype, n_k=n_k)  # Triton interpreter (tests on the CPU)
+        return choose_config(head_dim, dtype, cap, smem, n_k, packed)
+    return choose_config(head_dim, dtype, n_k=n_k, packed=packed)  # Triton interpreter (tests on the CPU)
 
 
 def quantize(q4, k4, km, sm_scale: float, cfg: AttnConfig, lse_corr: bool = False,
@@ -94,17 +95,10 @@ def forward_varlen(
     Returns the LSE [Hq, total_q] when ``return_lse``.
     """
     total_q, h_q, D = q3.shape
-    total_k, h_k, _ = k3.shape
-    nb = cu_q.numel() - 1
-    cfg = config or config_for(D, q3.dtype, q3.device, max_k)
+    total_k = k3.shape[0]
+    cfg = config or config_for(D, q3.dtype, q3.device, max_k, packed=True)
     q4, k4, v4, o4 = (t.unsqueeze(0).transpose(1, 2) for t in (q3, k3, v3, o3))
-    km = None
-    if smooth_k:
-        lens = torch.tensor(list(lens_k), dtype=torch.int64, device=k3.device)
-        seg = torch.repeat_interleave(torch.arange(nb, device=k3.device), lens, output_size=total_k)
-        km = torch.zeros((nb, h_k, D), dtype=torch.float32, device=k3.device)
-        km.index_add_(0, seg, k3.float())
-        km /= lens.clamp_min(1).to(torch.float32)[:, None, None]
+    km = packed_k_mean(k3, cu_k, lens_k, max_k) if smooth_k else None
     cu_pad_q, rows_q = padded_offsets(cu_q, cfg.block_m, total_q)
     cu_pad_k, rows_k = padded_offsets(cu_k, cfg.block_n, total_k)
     vl = Varlen(cu_q, cu_k, cu_pad_q, cu_pad_k, max_q, max_k, rows_q, rows_k)

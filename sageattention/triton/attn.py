@@ -217,13 +217,17 @@ def choose_config(
     capability: tuple = (9, 0),
     smem_bytes: Optional[int] = None,
     n_k: Optional[int] = None,
+    packed: bool = False,
 ) -> AttnConfig:
     """Tiles for a launch. Measured on an H100 (bench/results/, bench/sweep_triton.py):
     BLOCK_N=128 wins from about 8k keys on (D=128, N=16k: 567 vs 517 TOPS end to end),
     BLOCK_N=64 below (N=1k: 274 vs 196; N=4k: 446 vs 424); 4 warps for D<=64, 8 above;
-    D>128: 128x64 tiles, one stage (D=256, N=4k: 155 vs 129 TOPS for 64x64, two stages)."""
+    D>128: 128x64 tiles, one stage (D=256, N=4k: 155 vs 129 TOPS for 64x64, two stages).
+    ``packed`` (varlen) launches keep BLOCK_N=64 at any length: with 128 the varlen kernel
+    ran 4.5x slower than the dense one on the same 8k sequence (9.8 ms against 2.2; 2.3 with
+    64, which spills nothing; with 128 both spill, 258 and 224 bytes, Triton 3.6)."""
     block_d = block_d_for(head_dim)
-    long_kv = n_k is not None and n_k >= 8192
+    long_kv = n_k is not None and n_k >= 8192 and not packed
     if block_d <= 128:
         block_m, block_n = 128, (128 if long_kv else 64)
         num_warps = 4 if block_d <= 64 else 8

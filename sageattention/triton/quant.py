@@ -116,6 +116,47 @@ def _quant_qk_kernel(
                          BLOCK_K, BLOCK_D, K_PER_TOKEN, SMOOTH_K, False)
 
 
+@triton.jit
+def _packed_k_sum_kernel(
+    K, k_sn, k_sh, CU, PART, n_chunks,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr,
+):
+    """Sum of ROWS * STEPS rows (chunk c) of one head of one packed sequence, in fp32, into
+    PART[b, h, c, :D]; chunks past the sequence's end write zeros."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    row0 = tl.load(CU + b)
+    n = tl.load(CU + b + 1) - row0
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    lo = c * (ROWS * STEPS)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(STEPS):
+        r = lo + i * ROWS + offs_r
+        x = tl.load(K + h.to(tl.int64) * k_sh + (row0 + r).to(tl.int64)[:, None] * k_sn + offs_d[None, :],
+                    mask=(r < n)[:, None] & (offs_d < D)[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32), axis=0)
+    out = PART + ((b.to(tl.int64) * tl.num_programs(1) + h) * n_chunks + c) * D
+    tl.store(out + offs_d, acc, mask=offs_d < D)
+
+
+def packed_k_mean(k3: torch.Tensor, cu_k: torch.Tensor, lens_k, max_k: int) -> torch.Tensor:
+    """Per-sequence channel mean of packed K ``[total_k, H, D]`` (offsets ``cu_k`` on the
+    device, lengths ``lens_k`` on the host): fp32 ``[batch, H, D]``, zeros for an empty
+    sequence. One pass over K in its own dtype (chunk sums, then their sum), deterministic."""
+    _, h, d = k3.shape
+    nb = len(lens_k)
+    rows, steps = 64, 8
+    n_chunks = max(1, triton.cdiv(max_k, rows * steps))
+    part = torch.empty((nb, h, n_chunks, d), dtype=torch.float32, device=k3.device)
+    _packed_k_sum_kernel[(n_chunks, h, nb)](
+        k3, k3.stride(0), k3.stride(1), cu_k, part, n_chunks,
+        D=d, BLOCK_D=triton.next_power_of_2(d), ROWS=rows, STEPS=steps, num_warps=4)
+    lens = torch.tensor([max(1, n) for n in lens_k], dtype=torch.float32).to(k3.device, non_blocking=True)
+    return part.sum(dim=2) / lens[:, None, None]
+
+
 @dataclass
 class Varlen:
     """Offsets of a packed (varlen) batch, all on the device except the host-side counts."""

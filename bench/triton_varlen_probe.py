@@ -43,7 +43,7 @@ def kernels(fn, calls=3):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--cases", nargs="*", default=["4 x 4096", "video: 8k 6k 4k 2k"], choices=list(CASES))
+    ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     args = ap.parse_args()
     print("| case | variant | µs (do_bench) | TOPS | kernels (µs, profiler) |")
     print("|---|---|---|---|---|")
@@ -89,7 +89,22 @@ def main():
             ks = kernels(fn)
             top = ", ".join(f"{k_}: {t:.0f}" for k_, t in sorted(ks.items(), key=lambda x: -x[1])[:5])
             print(f"| {name} | {vname} | {us:.0f} | {ops / us / 1e6:.0f} | {top} |", flush=True)
-        q = k = v = o = None
+        # accuracy against fp32 SDPA, sequence by sequence: the packed call, then the dense one
+        import torch.nn.functional as F
+        from sageattention.reference import error_metrics
+
+        refs, outs = [], {}
+        for a, b in zip(starts[:-1], starts[1:]):
+            q4, k4, v4 = (x[a:b].transpose(0, 1)[None].float() for x in (q, k, v))
+            refs.append(F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, enable_gqa=hq != hk)[0].transpose(0, 1))
+        ref = torch.cat(refs)
+        for vname in (next(iter(variants)), "dense forward per sequence, NHD views"):
+            o.zero_()
+            variants[vname]()
+            m = error_metrics(o, ref)
+            outs[vname] = f"cos {m['cos']:.6f}, rel-L1 {m['rel_l1']:.4f}"
+        print(f"| {name} | accuracy vs fp32 SDPA | | | " + "; ".join(f"{k_}: {v_}" for k_, v_ in outs.items()) + " |")
+        q = k = v = o = ref = refs = None
         torch.cuda.empty_cache()
 
 

@@ -56,7 +56,7 @@ def main():
         starts = [0]
         for x in lens:
             starts.append(starts[-1] + x)
-        base = st.config_for(d, q.dtype, q.device, n)
+        base = st.config_for(d, q.dtype, q.device, n, packed=True)
 
         def varlen(cfg=None, smooth=True):
             return lambda: st.forward_varlen(q, k, v, o, cu, cu, lens, n, n, is_causal=causal,

@@ -8,6 +8,7 @@ and quantization only); then the registers and spills Triton reports for each co
 
 import dataclasses
 import os
+import re
 import sys
 
 import torch
@@ -46,8 +47,11 @@ def main():
             except Exception:
                 pass
             md = kern.metadata
-            print(f"compiled: {str(key)[-250:]} -> registers {kern.n_regs}, spills {kern.n_spills}, "
-                  f"shared {md.shared}, warps {md.num_warps}, stages {md.num_stages}")
+            # the specialization's constant arguments in order (the kernel's constexprs D, BLOCK_M,
+            # BLOCK_N, BLOCK_D, CAUSAL, VARLEN, ... among them)
+            consts = re.findall(r"\('constexpr', (\w+)\)", str(key))
+            print(f"compiled: constants {' '.join(consts)}, stages {md.num_stages} -> registers {kern.n_regs}, spills {kern.n_spills}, "
+                  f"shared {md.shared}, warps {md.num_warps}")
 
 
 if __name__ == "__main__":

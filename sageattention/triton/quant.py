@@ -132,7 +132,8 @@ def _packed_k_sum_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     lo = c * (ROWS * STEPS)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for i in range(STEPS):
+    # only the steps with rows: a short sequence leaves most of the grid's chunks empty
+    for i in range(0, tl.minimum(tl.maximum(n - lo, 0) + ROWS - 1, ROWS * STEPS) // ROWS):
         r = lo + i * ROWS + offs_r
         x = tl.load(K + h.to(tl.int64) * k_sh + (row0 + r).to(tl.int64)[:, None] * k_sn + offs_d[None, :],
                     mask=(r < n)[:, None] & (offs_d < D)[None, :], other=0.0)

@@ -59,7 +59,7 @@ def main():
         base = st.config_for(d, q.dtype, q.device, n, packed=True)
 
         def varlen(cfg=None, smooth=True):
-            return lambda: st.forward_varlen(q, k, v, o, cu, cu, lens, n, n, is_causal=causal,
+            return lambda: st.forward_varlen(q, k, v, o, lens, lens, is_causal=causal,
                                              sm_scale=d ** -0.5, smooth_k=smooth, return_lse=False, config=cfg)
 
         def per_seq(hnd):

@@ -31,7 +31,7 @@ def main():
             cfg = dataclasses.replace(base, block_n=bn, num_stages=stages)
 
             def packed():
-                st.forward_varlen(q, k, v, o, cu, cu, lens, n, n, is_causal=False, sm_scale=0.088,
+                st.forward_varlen(q, k, v, o, lens, lens, is_causal=False, sm_scale=0.088,
                                   smooth_k=False, return_lse=False, config=cfg)
 
             def dense():

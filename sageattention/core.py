@@ -384,12 +384,8 @@ def sageattn_varlen(
         from . import triton as st
 
         with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():
-            lse = st.forward_varlen(
-                q, k, v, o,
-                cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32), lens_k,
-                max(lens_q), max(lens_k),
-                is_causal=is_causal, sm_scale=scale, smooth_k=smooth_k, return_lse=return_lse,
-            )
+            lse = st.forward_varlen(q, k, v, o, lens_q, lens_k, is_causal=is_causal, sm_scale=scale,
+                                    smooth_k=smooth_k, return_lse=return_lse)
     return (o, lse) if return_lse else o
 
 

@@ -283,12 +283,12 @@ def test_packed_k_mean_is_each_sequences_own_mean(device, d):
     kv = (torch.randn(sum(lens), 2, 3, d, generator=g) * 2 + 1).to(torch.bfloat16).to(device)
     k3 = kv[:, 0]  # rows two heads' worth apart: not contiguous
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
-    km = packed_k_mean(k3, cu, lens, max(lens))
+    km = packed_k_mean(k3, cu, max(lens))
     assert km.shape == (len(lens), 3, d) and km.dtype == torch.float32
     for b, (a, n) in enumerate(zip(cu[:-1].tolist(), lens)):
         want = k3[a:a + n].double().mean(0) if n else torch.zeros(3, d, dtype=torch.float64, device=device)
         assert (km[b].double() - want).abs().max() < 1e-5, (b, n)
-    assert torch.equal(packed_k_mean(k3, cu, lens, max(lens)), km)
+    assert torch.equal(packed_k_mean(k3, cu, max(lens)), km)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from .attn import AttnConfig, attn_int8, block_d_for, choose_config
-from .quant import QuantQK, Varlen, packed_k_mean, padded_offsets, quant_qk_int8
+from .quant import QuantQK, Varlen, packed_k_mean, packed_offsets, quant_qk_int8
 
 __all__ = ["AttnConfig", "choose_config", "block_d_for", "quantize", "forward", "forward_varlen", "config_for"]
 
@@ -77,11 +77,8 @@ def forward_varlen(
     k3: torch.Tensor,
     v3: torch.Tensor,
     o3: torch.Tensor,
-    cu_q: torch.Tensor,
-    cu_k: torch.Tensor,
+    lens_q: Sequence[int],
     lens_k: Sequence[int],
-    max_q: int,
-    max_k: int,
     *,
     is_causal: bool,
     sm_scale: float,
@@ -89,22 +86,19 @@ def forward_varlen(
     return_lse: bool,
     config: Optional[AttnConfig] = None,
 ) -> Optional[torch.Tensor]:
-    """Attention of packed [total, H, D] sequences; K is smoothed per sequence.
+    """Attention of packed [total, H, D] sequences of lengths ``lens_q``/``lens_k`` (host
+    lists, validated by the caller); K is smoothed per sequence.
 
-    ``cu_q``/``cu_k`` are int32 offsets on the device, ``lens_k`` the K lengths on the host.
     Returns the LSE [Hq, total_q] when ``return_lse``.
     """
     total_q, h_q, D = q3.shape
-    total_k = k3.shape[0]
-    cfg = config or config_for(D, q3.dtype, q3.device, max_k, packed=True)
+    cfg = config or config_for(D, q3.dtype, q3.device, max(lens_k), packed=True)
+    vl = packed_offsets(lens_q, lens_k, cfg.block_m, cfg.block_n, q3.device)
     q4, k4, v4, o4 = (t.unsqueeze(0).transpose(1, 2) for t in (q3, k3, v3, o3))
-    km = packed_k_mean(k3, cu_k, lens_k, max_k) if smooth_k else None
-    cu_pad_q, rows_q = padded_offsets(cu_q, cfg.block_m, total_q)
-    cu_pad_k, rows_k = padded_offsets(cu_k, cfg.block_n, total_k)
-    vl = Varlen(cu_q, cu_k, cu_pad_q, cu_pad_k, max_q, max_k, rows_q, rows_k)
+    km = packed_k_mean(k3, vl.cu_k, vl.max_k) if smooth_k else None
     qq = quantize(q4, k4, km, sm_scale, cfg, lse_corr=return_lse and smooth_k, varlen=vl)
     lse = torch.empty((h_q, total_q), dtype=torch.float32, device=q3.device) if return_lse else None
-    attn_int8(qq, v4, o4, lse, cfg, n_q=max_q, n_k=max_k, is_causal=is_causal, varlen=vl)
+    attn_int8(qq, v4, o4, lse, cfg, n_q=vl.max_q, n_k=vl.max_k, is_causal=is_causal, varlen=vl)
     return lse
 
 

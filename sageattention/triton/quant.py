@@ -142,29 +142,48 @@ def _packed_k_sum_kernel(
     tl.store(out + offs_d, acc, mask=offs_d < D)
 
 
-def packed_k_mean(k3: torch.Tensor, cu_k: torch.Tensor, lens_k, max_k: int) -> torch.Tensor:
-    """Per-sequence channel mean of packed K ``[total_k, H, D]`` (offsets ``cu_k`` on the
-    device, lengths ``lens_k`` on the host): fp32 ``[batch, H, D]``, zeros for an empty
-    sequence. One pass over K in its own dtype (chunk sums, then their sum), deterministic."""
+@triton.jit
+def _packed_k_mean_kernel(PART, CU, KM, n_chunks, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """KM[b, h, :D]: the chunk sums of one head of sequence b, in chunk order, over its length
+    (zeros for an empty sequence)."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    n = tl.load(CU + b + 1) - tl.load(CU + b)
+    offs_d = tl.arange(0, BLOCK_D)
+    row = (b.to(tl.int64) * tl.num_programs(0) + h) * n_chunks
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for c in range(0, n_chunks):
+        acc += tl.load(PART + (row + c) * D + offs_d, mask=offs_d < D, other=0.0)
+    tl.store(KM + (b.to(tl.int64) * tl.num_programs(0) + h) * D + offs_d, acc / tl.maximum(n, 1).to(tl.float32),
+             mask=offs_d < D)
+
+
+def packed_k_mean(k3: torch.Tensor, cu_k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Per-sequence channel mean of packed K ``[total_k, H, D]`` (int32 offsets ``cu_k`` on
+    the device, ``max_k`` the longest sequence): fp32 ``[batch, H, D]``, zeros for an empty
+    sequence. Two launches: chunk sums in one pass over K in its own dtype, then their sum in
+    chunk order (deterministic)."""
     _, h, d = k3.shape
-    nb = len(lens_k)
+    nb = cu_k.numel() - 1
     rows, steps = 64, 8
     n_chunks = max(1, triton.cdiv(max_k, rows * steps))
     part = torch.empty((nb, h, n_chunks, d), dtype=torch.float32, device=k3.device)
+    km = torch.empty((nb, h, d), dtype=torch.float32, device=k3.device)
+    block_d = triton.next_power_of_2(d)
     _packed_k_sum_kernel[(n_chunks, h, nb)](
         k3, k3.stride(0), k3.stride(1), cu_k, part, n_chunks,
-        D=d, BLOCK_D=triton.next_power_of_2(d), ROWS=rows, STEPS=steps, num_warps=4)
-    lens = torch.tensor([max(1, n) for n in lens_k], dtype=torch.float32).to(k3.device, non_blocking=True)
-    return part.sum(dim=2) / lens[:, None, None]
+        D=d, BLOCK_D=block_d, ROWS=rows, STEPS=steps, num_warps=4)
+    _packed_k_mean_kernel[(h, nb)](part, cu_k, km, n_chunks, D=d, BLOCK_D=block_d, num_warps=1)
+    return km
 
 
 @dataclass
 class Varlen:
-    """Offsets of a packed (varlen) batch, all on the device except the host-side counts."""
+    """Offsets of a packed (varlen) batch: int32 rows of one device tensor, and host counts."""
 
-    cu_q: torch.Tensor  # int32 [B+1]
+    cu_q: torch.Tensor  # int32 [B+1]: first row of each sequence in the packed tensors
     cu_k: torch.Tensor
-    cu_pad_q: torch.Tensor  # int32 [B+1]: start row of each sequence in the padded buffers
+    cu_pad_q: torch.Tensor  # int32 [B+1]: first row of each sequence in the padded INT8 buffers
     cu_pad_k: torch.Tensor
     max_q: int
     max_k: int
@@ -176,19 +195,19 @@ class Varlen:
         return self.cu_q.numel() - 1
 
 
-def padded_offsets(cu: torch.Tensor, block: int, total: int):
-    """Start row of each sequence when every sequence is padded to a multiple of ``block``.
+def packed_offsets(lens_q, lens_k, block_q: int, block_k: int, device) -> Varlen:
+    """The offsets of packed sequences with these lengths (host lists), each sequence padded
+    to whole quantization blocks in the INT8 buffers: built on the host, one copy to ``device``."""
 
-    Stays on the device (no synchronisation); the returned row count is an upper bound
-    computed on the host: ``total + batch * (block - 1)`` rounded up to the block.
-    """
-    lens = cu[1:] - cu[:-1]
-    padded = (lens + block - 1) // block * block
-    cu_pad = torch.zeros_like(cu)
-    torch.cumsum(padded, dim=0, out=cu_pad[1:])
-    batch = cu.numel() - 1
-    rows = triton.cdiv(total + batch * (block - 1), block) * block
-    return cu_pad.to(torch.int32), rows
+    def starts(lens, block=1):
+        out = [0]
+        for n in lens:
+            out.append(out[-1] + (n + block - 1) // block * block)
+        return out
+
+    table = [starts(lens_q), starts(lens_k), starts(lens_q, block_q), starts(lens_k, block_k)]
+    cu = torch.tensor(table, dtype=torch.int32).to(device, non_blocking=True)
+    return Varlen(cu[0], cu[1], cu[2], cu[3], max(lens_q), max(lens_k), table[2][-1], table[3][-1])
 
 
 @dataclass

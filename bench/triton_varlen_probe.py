@@ -11,34 +11,19 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections import defaultdict
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sageattention import triton as st  # noqa: E402
 from timing import gpu_us  # noqa: E402
-from varlen import CASES, make  # noqa: E402
+from varlen import CASES, make, profiled_calls  # noqa: E402
 
 
 def kernels(fn, calls=3):
     """{kernel name: GPU µs per call}, median over `calls` profiled calls."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(calls):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        per = defaultdict(float)
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                per[e.name[:60]] += e.device_time
-        runs.append(per)
-    names = set().union(*runs)
-    return {n: sorted(r.get(n, 0.0) for r in runs)[len(runs) // 2] for n in names}
+    runs = profiled_calls(fn, calls)
+    return {n: sorted(r.get(n, 0.0) for r in runs)[len(runs) // 2] for n in set().union(*runs)}
 
 
 def main():

@@ -15,6 +15,7 @@ import datetime
 import os
 import random
 import sys
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -99,20 +100,31 @@ def backends(lens, hq, hk, causal):
     return out
 
 
-def kernel_ms(fn, calls=5):
-    """GPU time of the kernels one call launches (ms, median over `calls`), from the profiler:
-    beside the do_bench time it shows what the host (the offsets read back, the set-up) adds."""
+def profiled_calls(fn, calls):
+    """GPU µs of each kernel (name cut to 60 characters) one call launches, for `calls` calls
+    under the profiler after a warm-up call: a list of {name: µs}."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
-    per_call = []
+    runs = []
     for _ in range(calls):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        per_call.append(sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA") / 1e3)
-    return sorted(per_call)[len(per_call) // 2]
+        per = defaultdict(float)
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                per[e.name[:60]] += e.device_time
+        runs.append(per)
+    return runs
+
+
+def kernel_ms(fn, calls=5):
+    """GPU time of the kernels one call launches (ms, median over `calls`), from the profiler:
+    beside the do_bench time it shows what the host (the offsets read back, the set-up) adds."""
+    per_call = sorted(sum(run.values()) / 1e3 for run in profiled_calls(fn, calls))
+    return per_call[len(per_call) // 2]
 
 
 def main():

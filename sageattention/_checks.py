@@ -213,15 +213,17 @@ def check_packed(fn: str, q, k, v, enable_gqa: Optional[bool] = None) -> Dims:
 
 
 def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.device, max_name: str, max_len: int) -> list:
-    """Validate cumulative sequence offsets; returns the lengths (read back to the host once)."""
+    """Validate cumulative sequence offsets; returns the lengths. Offsets on q's GPU are read
+    back to the host (a device sync: the host waits for the GPU's queue); offsets on the CPU
+    are read as they are, so a call with both on the CPU never waits for the GPU."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor of int32 or int64, got {type(cu).__name__}")
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{fn}: {name} must have dtype torch.int32 or torch.int64, got {cu.dtype}")
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{fn}: {name} must be 1-D with batch+1 >= 2 entries, got shape {tuple(cu.shape)}")
-    if cu.device != device:
-        raise ValueError(f"{fn}: {name} is on {cu.device} but q is on {device}")
+    if cu.device != device and cu.device.type != "cpu":
+        raise ValueError(f"{fn}: {name} is on {cu.device} but q is on {device}; pass it on q's device or on the CPU")
     host = cu.tolist()
     lens = [b - a for a, b in zip(host[:-1], host[1:])]
     if host[0] != 0:

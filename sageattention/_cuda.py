@@ -203,7 +203,7 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
 
     def rows_of(seqs):  # packed query rows of these sequences, as an index on the device
         idx = [torch.arange(starts[i], starts[i] + lens_q[i]) for i in seqs]
-        return torch.cat(idx).to(q3.device) if idx else None
+        return torch.cat(idx).to(q3.device, non_blocking=True) if idx else None  # no sync: pageable, staged at once
 
     o = lse = None
     rowdot = return_lse and smooth_k

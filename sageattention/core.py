@@ -342,7 +342,10 @@ def sageattn_varlen(
     kernel gives it alone: K is smoothed with its own mean per sequence; ``is_causal`` masks
     key j for query i of a sequence when j > i (top-left). A sequence with queries but no keys
     gets zeros (LSE -inf). ``return_lse=True`` also returns ``lse [Hq, total_q]``.
-    Both offset tensors are read back to the host on every call to check them.
+    The offsets are checked on the host: offsets on the GPU are read back on every call (a
+    sync: the host waits until the GPU has caught up); int32/int64 offsets on the CPU are read as
+    they are, and the call then never waits for the GPU (build them once per batch and pass the
+    same CPU tensors to every layer).
 
     Kernel: where ``sageattn`` runs the Hopper kernel (H100-class GPUs), that kernel, one launch
     per group of sequences of similar length (``dispatch.varlen_groups``); on every other GPU the

@@ -207,6 +207,62 @@ def test_varlen_grid(dtype, causal, d, gqa):
         sk += nk
 
 
+class _SyncError(Exception):
+    pass
+
+
+def _no_sync(fn):
+    """fn() with torch's sync debug mode at "error": any op that makes the host wait for the GPU
+    raises (re-raised as _SyncError, so a failure says what it was)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return fn()
+    except RuntimeError as e:
+        if "synchroniz" in str(e):
+            raise _SyncError(str(e)) from e
+        raise
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("path", ["default", "triton"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_offsets_on_the_cpu_never_wait_for_the_gpu(path, causal, monkeypatch):
+    """Offsets on the CPU: the same bits as offsets on the GPU, and no host-GPU sync in the call
+    (with offsets on the GPU the read-back is one, which the sync check must catch). The lengths
+    make two launch groups on the Hopper kernel and one sequence with queries but no keys
+    (non-causal), which the zero-fill covers."""
+    if path == "triton":
+        monkeypatch.setattr(dispatch, "varlen_groups", lambda *a: None)
+    lens_q = [2048, 100, 5, 96, 130]
+    lens_k = lens_q if causal else [2048, 100, 0, 96, 130]
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(sum(lens_q), 4, 128, generator=g).to(torch.bfloat16).cuda()
+    k = (torch.randn(sum(lens_k), 2, 128, generator=g) + 1.0).to(torch.bfloat16).cuda()
+    v = torch.randn(sum(lens_k), 2, 128, generator=g).to(torch.bfloat16).cuda()
+    host = [torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32) for n in (lens_q, lens_k)]
+
+    def call(cu_q, cu_k):
+        return sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
+
+    o_gpu, lse_gpu = call(*(c.cuda() for c in host))  # also compiles what the call runs
+    o_cpu, lse_cpu = _no_sync(lambda: call(*host))
+    assert torch.equal(o_cpu, o_gpu) and torch.equal(lse_cpu, lse_gpu)
+    on_gpu = [c.cuda() for c in host]
+    with pytest.raises(_SyncError):
+        _no_sync(lambda: call(*on_gpu))
+
+
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_sageattn_never_waits_for_the_gpu(n):
+    """sageattn (the kernel at 4096, SDPA where a GPU's hand-over takes 1024) issues its work
+    without a host-GPU sync."""
+    q, k, v = make_qkv(1, 8, 8, n, n, 128, torch.bfloat16, device="cuda")
+    want = sa.sageattn(q, k, v)
+    assert torch.equal(_no_sync(lambda: sa.sageattn(q, k, v)), want)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("fn", list(FUNCS))

@@ -138,6 +138,8 @@ CASES = [
      ["cu_seqlens_k", "non-decreasing", "[0, 6, 4, 10]"]),
     ("varlen-cu-total", _var(cu_seqlens_q=torch.tensor([0, 4, 9], dtype=torch.int32, device=DEV)), ValueError,
      ["cu_seqlens_q[-1]", "10", "9"]),
+    ("varlen-cu-device", _var(cu_seqlens_k=torch.tensor([0, 4, 10], dtype=torch.int32, device="meta")), ValueError,
+     ["cu_seqlens_k", "meta", "q's device or on the CPU"]),
     ("varlen-max-too-small", _var(max_seqlen_q=5), ValueError, ["max_seqlen_q=5", "6"]),
     ("varlen-max-negative", _var(max_seqlen_k=-1), ValueError, ["max_seqlen_k", "-1"]),
     ("varlen-max-float", _var(max_seqlen_q=3.5), TypeError, ["max_seqlen_q", "3.5"]),
@@ -186,3 +188,20 @@ def test_cpu_tensors_refused_without_interpreter(monkeypatch):
     q, k, v = (torch.randn(1, 1, 4, 8, dtype=torch.float16) for _ in range(3))
     with pytest.raises(RuntimeError, match=r"sageattn: q is on cpu.*NVIDIA GPUs"):
         sa.sageattn(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_varlen_offsets_may_be_on_the_cpu_for_gpu_tensors(dtype):
+    """For q on a GPU, offsets on the CPU are accepted (read without a device sync) and checked
+    like offsets on q's device; a third device is refused. (Only the check runs: no GPU needed.)"""
+    from sageattention import _checks as C
+
+    gpu = torch.device("cuda", 0)
+    cu = torch.tensor([0, 3, 3, 10], dtype=dtype)
+    assert C.check_cu_seqlens("f", "cu_seqlens_q", cu, 10, gpu, "max_seqlen_q", 7) == [3, 0, 7]
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] must equal .*\(9\), got 10"):
+        C.check_cu_seqlens("f", "cu_seqlens_q", cu, 9, gpu, "max_seqlen_q", 7)
+    with pytest.raises(ValueError, match=r"max_seqlen_q=6 is smaller"):
+        C.check_cu_seqlens("f", "cu_seqlens_q", cu, 10, gpu, "max_seqlen_q", 6)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q is on meta but q is on cuda:0"):
+        C.check_cu_seqlens("f", "cu_seqlens_q", cu.to("meta"), 10, gpu, "max_seqlen_q", 7)

@@ -1,7 +1,7 @@
 """Packed variable-length sequences: sageattn_varlen (Hopper kernel where the padding rule
 lets it, else Triton) against its Triton path, torch's FlashAttention varlen
 (torch.nn.attention.varlen.varlen_attn, where this torch has it) and a loop of per-sequence
-SDPA calls with cuDNN first. Every call is timed end to end (quantization included) with
+SDPA calls with cuDNN first; sageattn_varlen also with its offsets on the CPU (no read-back). Every call is timed end to end (quantization included) with
 do_bench, median of three; TOPS = 4 * Hq * D * sum(Nq * Nk) (halved when causal) over that time.
 
     python bench/varlen.py --out bench/results      # writes <date>-<gpu>-<commit>-varlen.md
@@ -76,7 +76,12 @@ def backends(lens, hq, hk, causal):
                                                         enable_gqa=hq != hk)[0].transpose(0, 1)
         return o
 
-    out = {"sageattn_varlen": sage, "sageattn_varlen (Triton)": triton, "SDPA per sequence (cuDNN)": per_seq_cudnn}
+    def sage_cpu_offsets(q, k, v, cu):  # the same call without the offsets' read-back (no sync)
+        return sa.sageattn_varlen(q, k, v, cu_cpu, cu_cpu, n, n, is_causal=causal)
+
+    cu_cpu = torch.tensor([0] + list(lens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    out = {"sageattn_varlen": sage, "sageattn_varlen, offsets on the CPU": sage_cpu_offsets,
+           "sageattn_varlen (Triton)": triton, "SDPA per sequence (cuDNN)": per_seq_cudnn}
     if len(set(lens)) == 1:  # equal lengths: the same work as one dense batch
         def dense(q, k, v, cu):
             shape = (len(lens), n) + q.shape[1:]

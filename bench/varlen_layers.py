@@ -1,0 +1,155 @@
+"""sageattn_varlen inside a model: what the offsets' read-back costs a forward pass.
+
+A stack of transformer-like layers on packed sequences (x [T, H*D] bf16; per layer: layer norm,
+x @ W_qkv, attention, @ W_o, layer norm, a GELU MLP of 4x width; one set of weights reused by
+every layer). With the offsets on the GPU, sageattn_varlen reads them back in each layer, so the
+host waits for the GPU there and the GPU then idles while the host issues the rest of the call;
+with the offsets on the CPU the call has no sync and the host runs ahead of the GPU. torch's
+FlashAttention varlen (offsets on the GPU, no read-back) is the same model with another kernel.
+
+    python bench/varlen_layers.py --out bench/results    # writes <date>-<gpu>-<commit>-varlen-layers.md
+
+Per case and variant: wall ms per forward (synchronize, L layers, synchronize; median of 10),
+the GPU time of the forward's kernels (profiler, one forward), their difference (the GPU's idle
+time), and, for sageattn_varlen with offsets on the CPU, its host µs per call with the GPU kept
+busy (timing.host_us): while that is below the GPU time per layer the host stays ahead.
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sageattention as sa  # noqa: E402
+from sageattention import dispatch  # noqa: E402
+from timing import host_us  # noqa: E402
+from varlen import CASES, profiled_calls  # noqa: E402
+
+DEFAULT_CASES = ["4 x 4096", "video: 8k 6k 4k 2k", "prefill: 16 x 256-4096 causal GQA"]
+
+
+class Model:
+    def __init__(self, hq, hk, d, layers):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        hidden = hq * d
+
+        def w(i, o):
+            return torch.randn(i, o, device="cuda", dtype=torch.bfloat16, generator=g) / i ** 0.5
+
+        self.hq, self.hk, self.d, self.layers = hq, hk, d, layers
+        self.w_qkv, self.w_o = w(hidden, (hq + 2 * hk) * d), w(hidden, hidden)
+        self.w_1, self.w_2 = w(hidden, 4 * hidden), w(4 * hidden, hidden)
+
+    def forward(self, x, attention):
+        t, hidden = x.shape
+        for _ in range(self.layers):
+            qkv = F.layer_norm(x, (hidden,)) @ self.w_qkv
+            q, k, v = qkv.split([self.hq * self.d, self.hk * self.d, self.hk * self.d], dim=1)
+            o = attention(q.view(t, self.hq, self.d), k.reshape(t, self.hk, self.d), v.reshape(t, self.hk, self.d))
+            x = x + o.reshape(t, hidden) @ self.w_o
+            x = x + F.gelu(F.layer_norm(x, (hidden,)) @ self.w_1) @ self.w_2
+        return x
+
+
+def variants(lens, hq, hk, causal):
+    n = max(lens)
+    offsets = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cpu, gpu = offsets, offsets.cuda()
+
+    def sage(cu, triton=False):
+        def attention(q, k, v):
+            if not triton:
+                return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
+            keep = dispatch.varlen_groups
+            dispatch.varlen_groups = lambda *a: None  # no groups for the Hopper kernel: the Triton path
+            try:
+                return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
+            finally:
+                dispatch.varlen_groups = keep
+        return attention
+
+    out = {"sageattn_varlen, offsets on the GPU": sage(gpu), "sageattn_varlen, offsets on the CPU": sage(cpu),
+           "Triton path, offsets on the GPU": sage(gpu, True), "Triton path, offsets on the CPU": sage(cpu, True)}
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    if varlen_attn is not None and hq == hk:  # (torch 2.11's varlen_attn has no GQA)
+        def flash(q, k, v):
+            return varlen_attn(q, k, v, gpu, gpu, n, n, window_size=(-1, 0) if causal else (-1, -1))
+
+        out["torch varlen_attn (flash), offsets on the GPU"] = flash
+    return out, cpu
+
+
+def wall_ms(fn, forwards=10):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(forwards):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="folder for the markdown table")
+    ap.add_argument("--cases", nargs="*", default=DEFAULT_CASES, choices=list(CASES))
+    ap.add_argument("--layers", type=int, default=8)
+    args = ap.parse_args()
+    gpu_name = torch.cuda.get_device_name()
+    commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
+    lines = [f"# sageattn_varlen in a {args.layers}-layer model on {gpu_name}", "",
+             f"Commit {commit}, torch {torch.__version__}, {datetime.date.today()}, "
+             f"`python bench/varlen_layers.py --layers {args.layers}`. Per layer: layer norm, QKV projection, "
+             "attention, output projection, layer norm, GELU MLP (4x). bf16. Wall: median of 10 forwards from an "
+             "idle GPU; kernels: the GPU time of one forward's kernels (profiler); idle = wall - kernels. "
+             "Host µs per call: sageattn_varlen with CPU offsets, GPU kept busy (timing.host_us).", "",
+             "| case | variant | wall (ms) | kernels (ms) | GPU idle (ms) | host µs per attention call |",
+             "|---|---|---|---|---|---|"]
+    for name in args.cases:
+        lens, hq, hk, d, causal = CASES[name]
+        model = Model(hq, hk, d, args.layers)
+        x = torch.randn(sum(lens), hq * d, device="cuda", dtype=torch.bfloat16)
+        attns, cpu = variants(lens, hq, hk, causal)
+        for vname, attention in attns.items():
+            try:
+                def fwd():
+                    return model.forward(x, attention)
+
+                wall = wall_ms(fwd)
+                kern = sum(profiled_calls(fwd, 1)[0].values()) / 1e3
+                host = ""
+                if "offsets on the CPU" in vname:
+                    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
+                    kv = torch.randn(sum(lens), hk, d, device="cuda", dtype=torch.bfloat16)
+                    host = f"{host_us(lambda: attention(q, kv, kv)):.0f}"
+                row = f"| {name} (D {d}, H {hq}/{hk}) | {vname} | {wall:.2f} | {kern:.2f} | {wall - kern:.2f} | {host} |"
+            except Exception as exc:  # a baseline this torch or GPU cannot run
+                row = f"| {name} | {vname} | failed: {type(exc).__name__}: {str(exc)[:80]} | | | |"
+            print(row, flush=True)
+            lines.append(row)
+        model = x = None
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = f"{datetime.date.today()}-{gpu_name.replace(' ', '_')}-{commit}-varlen-layers.md"
+        with open(os.path.join(args.out, stem), "w") as f:
+            f.write(text)
+        print("wrote", os.path.join(args.out, stem))
+
+
+if __name__ == "__main__":
+    main()

@@ -222,15 +222,15 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
             o, lse = og, lg
         else:
             rows = rows_of(g)
-            o[rows] = og[rows]
+            o.index_copy_(0, rows, og.index_select(0, rows))
             if return_lse:
-                lse[:, rows] = lg[:, rows]
+                lse.index_copy_(1, rows, lg.index_select(1, rows))
     placed = {i for g in groups for i in g}
     rows = rows_of([i for i, n in enumerate(lens_q) if n and i not in placed])
-    if rows is not None:  # no key to attend: no tile ran
-        o[rows] = 0
+    if rows is not None:  # no key to attend: no tile ran (index_fill_: `o[rows] = 0` would copy
+        o.index_fill_(0, rows, 0)  # the 0 to the GPU with a sync)
         if return_lse:
-            lse[:, rows] = float("-inf")
+            lse.index_fill_(1, rows, float("-inf"))
     return o, (lse if return_lse else None)
 
 

@@ -1,18 +1,20 @@
 """sageattn_varlen inside a model: what the offsets' read-back costs a forward pass.
 
 A stack of transformer-like layers on packed sequences (x [T, H*D] bf16; per layer: layer norm,
-x @ W_qkv, attention, @ W_o, layer norm, a GELU MLP of 4x width; one set of weights reused by
-every layer). With the offsets on the GPU, sageattn_varlen reads them back in each layer, so the
-host waits for the GPU there and the GPU then idles while the host issues the rest of the call;
+x @ W_qkv, attention, @ W_o, then layer norm and a GELU MLP of --mlp times the width, 4 by
+default, 0 for none; one set of weights reused by every layer). With the offsets on the GPU,
+sageattn_varlen reads them back in each layer, so the host waits for the GPU there and the GPU
+then idles while the host issues the rest of the call;
 with the offsets on the CPU the call has no sync and the host runs ahead of the GPU. torch's
 FlashAttention varlen (offsets on the GPU, no read-back) is the same model with another kernel.
 
-    python bench/varlen_layers.py --out bench/results    # writes <date>-<gpu>-<commit>-varlen-layers.md
+    python bench/varlen_layers.py --out bench/results [--mlp 0]  # writes <date>-<gpu>-<commit>-varlen-layers-mlp4.md
 
-Per case and variant: wall ms per forward (synchronize, L layers, synchronize; median of 10),
-the GPU time of the forward's kernels (profiler, one forward), their difference (the GPU's idle
-time), and, for sageattn_varlen with offsets on the CPU, its host µs per call with the GPU kept
-busy (timing.host_us): while that is below the GPU time per layer the host stays ahead.
+Per case and variant: wall ms per forward (synchronize, L layers, synchronize; median of 10,
+the variants interleaved), from the profiler trace of one forward the time the GPU sat idle
+between its first and last kernel, and, for sageattn_varlen with offsets on the CPU, its host
+µs per call with the GPU kept busy (timing.host_us): while that is below the GPU time per layer
+the host stays ahead.
 """
 
 import argparse
@@ -29,13 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sageattention as sa  # noqa: E402
 from sageattention import dispatch  # noqa: E402
 from timing import host_us  # noqa: E402
-from varlen import CASES, profiled_calls  # noqa: E402
+from varlen import CASES  # noqa: E402
 
 DEFAULT_CASES = ["4 x 4096", "video: 8k 6k 4k 2k", "prefill: 16 x 256-4096 causal GQA"]
 
 
 class Model:
-    def __init__(self, hq, hk, d, layers):
+    def __init__(self, hq, hk, d, layers, mlp):
         g = torch.Generator(device="cuda").manual_seed(0)
         hidden = hq * d
 
@@ -44,7 +46,7 @@ class Model:
 
         self.hq, self.hk, self.d, self.layers = hq, hk, d, layers
         self.w_qkv, self.w_o = w(hidden, (hq + 2 * hk) * d), w(hidden, hidden)
-        self.w_1, self.w_2 = w(hidden, 4 * hidden), w(4 * hidden, hidden)
+        self.w_1, self.w_2 = (w(hidden, mlp * hidden), w(mlp * hidden, hidden)) if mlp else (None, None)
 
     def forward(self, x, attention):
         t, hidden = x.shape
@@ -53,7 +55,8 @@ class Model:
             q, k, v = qkv.split([self.hq * self.d, self.hk * self.d, self.hk * self.d], dim=1)
             o = attention(q.view(t, self.hq, self.d), k.reshape(t, self.hk, self.d), v.reshape(t, self.hk, self.d))
             x = x + o.reshape(t, hidden) @ self.w_o
-            x = x + F.gelu(F.layer_norm(x, (hidden,)) @ self.w_1) @ self.w_2
+            if self.w_1 is not None:
+                x = x + F.gelu(F.layer_norm(x, (hidden,)) @ self.w_1) @ self.w_2
         return x
 
 
@@ -85,21 +88,48 @@ def variants(lens, hq, hk, causal):
             return varlen_attn(q, k, v, gpu, gpu, n, n, window_size=(-1, 0) if causal else (-1, -1))
 
         out["torch varlen_attn (flash), offsets on the GPU"] = flash
-    return out, cpu
+    return out
 
 
-def wall_ms(fn, forwards=10):
-    for _ in range(2):
-        fn()
+def wall_ms(fns, rounds=5, per_round=2):
+    """Wall ms per forward of each of ``fns`` (name -> fn): rounds in which every variant runs
+    ``per_round`` forwards from an idle GPU, the order rotating per round (the board's clock
+    moves at its power cap; interleaving spreads that over the variants); median per variant."""
+    names = list(fns)
+    for name in names:
+        fns[name]()
+        fns[name]()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(forwards):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for _ in range(per_round):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fns[name]()
+                torch.cuda.synchronize()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def gpu_idle_ms(fn):
+    """From the profiler trace of one forward: (span from the first kernel's start to the last's
+    end, time in it when no kernel ran), ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA")
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    span = end - spans[0][0]
+    return span / 1e3, (span - busy) / 1e3
 
 
 def main():
@@ -107,35 +137,40 @@ def main():
     ap.add_argument("--out", default=None, help="folder for the markdown table")
     ap.add_argument("--cases", nargs="*", default=DEFAULT_CASES, choices=list(CASES))
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--mlp", type=int, default=4, help="MLP width over the hidden size (0: no MLP)")
     args = ap.parse_args()
     gpu_name = torch.cuda.get_device_name()
     commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
     lines = [f"# sageattn_varlen in a {args.layers}-layer model on {gpu_name}", "",
              f"Commit {commit}, torch {torch.__version__}, {datetime.date.today()}, "
-             f"`python bench/varlen_layers.py --layers {args.layers}`. Per layer: layer norm, QKV projection, "
-             "attention, output projection, layer norm, GELU MLP (4x). bf16. Wall: median of 10 forwards from an "
-             "idle GPU; kernels: the GPU time of one forward's kernels (profiler); idle = wall - kernels. "
+             f"`python bench/varlen_layers.py --layers {args.layers} --mlp {args.mlp}`. Per layer: layer norm, QKV "
+             f"projection, attention, output projection, then (with --mlp > 0) layer norm and a GELU MLP ({args.mlp}x). bf16. Wall: median of 10 forwards from an "
+             "idle GPU, the variants interleaved in 5 rounds. From the profiler trace of one more forward: its span "
+             "(first kernel start to last kernel end) and the GPU's idle time in it (no kernel running). "
              "Host µs per call: sageattn_varlen with CPU offsets, GPU kept busy (timing.host_us).", "",
-             "| case | variant | wall (ms) | kernels (ms) | GPU idle (ms) | host µs per attention call |",
+             "| case | variant | wall (ms) | traced span (ms) | GPU idle in it (ms) | host µs per attention call |",
              "|---|---|---|---|---|---|"]
     for name in args.cases:
         lens, hq, hk, d, causal = CASES[name]
-        model = Model(hq, hk, d, args.layers)
+        model = Model(hq, hk, d, args.layers, args.mlp)
         x = torch.randn(sum(lens), hq * d, device="cuda", dtype=torch.bfloat16)
-        attns, cpu = variants(lens, hq, hk, causal)
+        attns = variants(lens, hq, hk, causal)
+        fwds = {vname: (lambda a=attention: model.forward(x, a)) for vname, attention in attns.items()}
+        try:
+            walls = wall_ms(fwds)
+        except Exception as exc:  # a baseline this torch or GPU cannot run: time the others
+            print(f"{name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            walls = {}
         for vname, attention in attns.items():
             try:
-                def fwd():
-                    return model.forward(x, attention)
-
-                wall = wall_ms(fwd)
-                kern = sum(profiled_calls(fwd, 1)[0].values()) / 1e3
+                span, idle = gpu_idle_ms(fwds[vname])
                 host = ""
                 if "offsets on the CPU" in vname:
                     q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
                     kv = torch.randn(sum(lens), hk, d, device="cuda", dtype=torch.bfloat16)
                     host = f"{host_us(lambda: attention(q, kv, kv)):.0f}"
-                row = f"| {name} (D {d}, H {hq}/{hk}) | {vname} | {wall:.2f} | {kern:.2f} | {wall - kern:.2f} | {host} |"
+                wall = f"{walls[vname]:.2f}" if vname in walls else "-"
+                row = f"| {name} (D {d}, H {hq}/{hk}) | {vname} | {wall} | {span:.2f} | {idle:.2f} | {host} |"
             except Exception as exc:  # a baseline this torch or GPU cannot run
                 row = f"| {name} | {vname} | failed: {type(exc).__name__}: {str(exc)[:80]} | | | |"
             print(row, flush=True)
@@ -145,7 +180,7 @@ def main():
     text = "\n".join(lines) + "\n"
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        stem = f"{datetime.date.today()}-{gpu_name.replace(' ', '_')}-{commit}-varlen-layers.md"
+        stem = f"{datetime.date.today()}-{gpu_name.replace(' ', '_')}-{commit}-varlen-layers-mlp{args.mlp}.md"
         with open(os.path.join(args.out, stem), "w") as f:
             f.write(text)
         print("wrote", os.path.join(args.out, stem))

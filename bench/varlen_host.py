@@ -1,7 +1,8 @@
 """Host side of sageattn_varlen: one call from an idle GPU (synchronize, call, synchronize),
 its kernels' GPU time, and when the host issued each launch, for the Hopper path and the Triton
-path. (The sleep-kernel method of host_overhead.py does not apply: the call reads its offsets
-back, which waits for the GPU.)
+path. (The sleep-kernel method of host_overhead.py does not apply: with its offsets on the GPU, as
+here, the call reads them back, which waits for the GPU; varlen_layers.py times the host with
+offsets on the CPU.)
 
     python bench/varlen_host.py [--cases ...]
 

@@ -51,7 +51,7 @@ namespace sage {
 
 struct Sm90Args {
   CUtensorMap tq, tk, tv;  // int8 Q [rows, D], int8 K [rows, D], e4m3 V^T [rows, nk_pad]
-  CUtensorMap to;          // O [batch, heads, nq, d_out] in 64x64 boxes, when o_tma
+  CUtensorMap to;          // O [batch, heads, nq, d_out] (packed: [1, heads, total_q, d_out]) in 64x64 boxes, when o_tma
   int o_tma;               // O is written by TMA (else by plain stores: strides TMA cannot take)
   AttnParams p;
 };
@@ -602,7 +602,12 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       auto out2 = [&](int j, int hr) {
         return make_float2(o[4 * j + 2 * hr] * inv[hr] * vs[j].x, o[4 * j + 2 * hr + 1] * inv[hr] * vs[j].y);
       };
-      if (S::kOStage && a.o_tma) {
+      // (packed sequences, D=128: TMA for a consumer whose 64 rows all belong to the entry; its
+      // map spans all packed rows, so a box running past the entry's last row would write the
+      // next entry's first rows. The entry's last, partial box takes the plain stores below.
+      // At D=64 the packed instance keeps plain stores: with the TMA path ptxas spilled in its
+      // key loop, 8 local-memory instructions per iteration against none.)
+      if (S::kOStage && a.o_tma && (!VL || (D == 128 && tl.q0 + cw * 64 + 64 <= tl.nq))) {
         // O through shared memory and one TMA store per 64 columns: 32-bit global stores from
         // the accumulator layout write 16 bytes per row and hold their source registers.
         // First, the previous work tile's store has read this consumer's staging buffer.
@@ -624,7 +629,8 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         named_bar_sync<128>(1 + NC + cw);
         if (tid % 128 == 0 && (NC == 2 || tl.q0 + cw * 64 < p.nq)) {
 #pragma unroll
-          for (int bx = 0; bx < D / 64; ++bx) tma_store_4d(&a.to, ostage + bx * S::kOBox, 64 * bx, tl.q0 + cw * 64, h, b);
+          for (int bx = 0; bx < D / 64; ++bx)
+            tma_store_4d(&a.to, ostage + bx * S::kOBox, 64 * bx, (VL ? p.seq_q[b] : 0) + tl.q0 + cw * 64, h, VL ? 0 : b);
           bulk_commit();
         }
       } else {

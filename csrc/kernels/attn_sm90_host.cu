@@ -44,16 +44,19 @@ bool encode_2d(CUtensorMap* m, const void* base, uint64_t rows, uint64_t cols, u
 }
 
 // O [batch, heads, nq, d_out] of 16-bit values with the call's strides, written in boxes of
-// 64 rows x 64 columns (128 bytes, swizzled). False where TMA cannot take the layout (an
-// address or a stride that is not a multiple of 16 bytes): the kernel then stores directly.
+// 64 rows x 64 columns (128 bytes, swizzled); packed sequences: o [total_q, heads, d_out] as
+// one batch entry of total_q rows (the kernel stores only boxes inside one sequence there).
+// False where TMA cannot take the layout (an address or a stride that is not a multiple of
+// 16 bytes): the kernel then stores directly.
 bool encode_o(CUtensorMap* m, const AttnParams& p) {
   const auto fn = encode_fn();
-  const uint64_t sn = p.o_stride_n * 2, sh = p.o_stride_h * 2, sb = p.o_stride_b * 2;
+  const bool packed = p.seq_q != nullptr;
+  const uint64_t sn = p.o_stride_n * 2, sh = p.o_stride_h * 2, sb = packed ? sn * p.total_q : p.o_stride_b * 2;
   if (!fn || reinterpret_cast<uintptr_t>(p.o) % 16 != 0 || sn % 16 != 0 || sh % 16 != 0 || sb % 16 != 0 ||
-      p.o_stride_n <= 0 || p.o_stride_h <= 0 || p.o_stride_b <= 0)
+      p.o_stride_n <= 0 || p.o_stride_h <= 0 || (!packed && p.o_stride_b <= 0) || (packed && p.total_q <= 0))
     return false;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.d_out), static_cast<cuuint64_t>(p.nq),
-                              static_cast<cuuint64_t>(p.heads_q), static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.d_out), static_cast<cuuint64_t>(packed ? p.total_q : p.nq),
+                              static_cast<cuuint64_t>(p.heads_q), static_cast<cuuint64_t>(packed ? 1 : p.batch)};
   const cuuint64_t strides[3] = {sn, sh, sb};
   const cuuint32_t box[4] = {64, 64, 1, 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
@@ -75,7 +78,7 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_pa
                   encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, span, qk_swizzle) &&
                   encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
-  a.o_tma = !p.seq_q && encode_o(&a.to, p) ? 1 : 0;  // packed output rows: plain stores
+  a.o_tma = encode_o(&a.to, p) ? 1 : 0;
 #ifdef SAGE_SM90_NO_OTMA  // experiments: the plain-store epilogue everywhere
   a.o_tma = 0;
 #endif

@@ -11,6 +11,7 @@ Each row's "path" column says which kernel sageattn_varlen took and in how many 
 """
 
 import argparse
+import contextlib
 import datetime
 import os
 import random
@@ -49,6 +50,32 @@ def make(lens, hq, hk, d):
     return q, k, v, cu
 
 
+def cpu_offsets(lens):
+    """cu_seqlens of ``lens`` as an int32 CPU tensor (sageattn_varlen reads it without a sync)."""
+    return torch.tensor([0] + list(lens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+@contextlib.contextmanager
+def triton_path():
+    """sageattn_varlen on its Triton path inside the block: no launch groups for the Hopper kernel."""
+    keep = dispatch.varlen_groups
+    dispatch.varlen_groups = lambda *a: None
+    try:
+        yield
+    finally:
+        dispatch.varlen_groups = keep
+
+
+def write_table(out, stem, text):
+    """Write ``text`` to ``out``/<date>-<gpu>-``stem``.md (``out`` None: nowhere)."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, f"{datetime.date.today()}-{torch.cuda.get_device_name().replace(' ', '_')}-{stem}.md")
+        with open(path, "w") as f:
+            f.write(text)
+        print("wrote", path)
+
+
 def backends(lens, hq, hk, causal):
     n = max(lens)
 
@@ -56,12 +83,8 @@ def backends(lens, hq, hk, causal):
         return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
 
     def triton(q, k, v, cu):
-        keep = dispatch.varlen_groups
-        dispatch.varlen_groups = lambda *a: None  # no groups for the Hopper kernel: the Triton path
-        try:
+        with triton_path():
             return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
-        finally:
-            dispatch.varlen_groups = keep
 
     starts = [0]
     for x in lens:
@@ -79,7 +102,7 @@ def backends(lens, hq, hk, causal):
     def sage_cpu_offsets(q, k, v, cu):  # the same call without the offsets' read-back (no sync)
         return sa.sageattn_varlen(q, k, v, cu_cpu, cu_cpu, n, n, is_causal=causal)
 
-    cu_cpu = torch.tensor([0] + list(lens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu_cpu = cpu_offsets(lens)
     out = {"sageattn_varlen": sage, "sageattn_varlen, offsets on the CPU": sage_cpu_offsets,
            "sageattn_varlen (Triton)": triton, "SDPA per sequence (cuDNN)": per_seq_cudnn}
     if len(set(lens)) == 1:  # equal lengths: the same work as one dense batch
@@ -162,13 +185,7 @@ def main():
             lines.append(row)
         q = k = v = cu = None  # free the inputs before the next case
         torch.cuda.empty_cache()
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        stem = f"{datetime.date.today()}-{gpu.replace(' ', '_')}-{commit}-varlen.md"
-        with open(os.path.join(args.out, stem), "w") as f:
-            f.write(text)
-        print("wrote", os.path.join(args.out, stem))
+    write_table(args.out, f"{commit}-varlen", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sageattention as sa  # noqa: E402
-from sageattention import dispatch  # noqa: E402
-from varlen import CASES, kernel_ms, make  # noqa: E402
+from varlen import CASES, kernel_ms, make, triton_path  # noqa: E402
 
 
 def wall_us(fn, calls=30):
@@ -72,12 +71,8 @@ def main():
             return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
 
         def triton():
-            keep = dispatch.varlen_groups
-            dispatch.varlen_groups = lambda *a: None
-            try:
+            with triton_path():
                 return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
-            finally:
-                dispatch.varlen_groups = keep
 
         for path, fn in (("default (Hopper where chosen)", hopper), ("Triton", triton)):
             print(f"## {name}, {path}: wall {wall_us(fn):.0f} µs from an idle GPU, kernels "

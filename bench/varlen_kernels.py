@@ -12,11 +12,10 @@ import os
 import statistics
 import sys
 
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sageattention as sa  # noqa: E402
-from varlen import CASES, make, profiled_calls  # noqa: E402
+from varlen import CASES, cpu_offsets, make, profiled_calls  # noqa: E402
 
 EQUAL = [name for name, c in CASES.items() if len(set(c[0])) == 1]
 
@@ -35,7 +34,7 @@ def main():
         lens, hq, hk, d, causal = CASES[name]
         q, k, v, _ = make(lens, hq, hk, d)
         n, b = lens[0], len(lens)
-        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        cu = cpu_offsets(lens)
 
         def packed():
             return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)

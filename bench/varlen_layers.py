@@ -18,6 +18,7 @@ the host stays ahead.
 """
 
 import argparse
+import contextlib
 import datetime
 import os
 import statistics
@@ -29,9 +30,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sageattention as sa  # noqa: E402
-from sageattention import dispatch  # noqa: E402
 from timing import host_us  # noqa: E402
-from varlen import CASES  # noqa: E402
+from varlen import CASES, cpu_offsets, triton_path, write_table  # noqa: E402
 
 DEFAULT_CASES = ["4 x 4096", "video: 8k 6k 4k 2k", "prefill: 16 x 256-4096 causal GQA"]
 
@@ -62,19 +62,13 @@ class Model:
 
 def variants(lens, hq, hk, causal):
     n = max(lens)
-    offsets = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    cpu, gpu = offsets, offsets.cuda()
+    cpu = cpu_offsets(lens)
+    gpu = cpu.cuda()
 
     def sage(cu, triton=False):
         def attention(q, k, v):
-            if not triton:
+            with triton_path() if triton else contextlib.nullcontext():
                 return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
-            keep = dispatch.varlen_groups
-            dispatch.varlen_groups = lambda *a: None  # no groups for the Hopper kernel: the Triton path
-            try:
-                return sa.sageattn_varlen(q, k, v, cu, cu, n, n, is_causal=causal)
-            finally:
-                dispatch.varlen_groups = keep
         return attention
 
     out = {"sageattn_varlen, offsets on the GPU": sage(gpu), "sageattn_varlen, offsets on the CPU": sage(cpu),
@@ -177,13 +171,7 @@ def main():
             lines.append(row)
         model = x = None
         torch.cuda.empty_cache()
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        stem = f"{datetime.date.today()}-{gpu_name.replace(' ', '_')}-{commit}-varlen-layers-mlp{args.mlp}.md"
-        with open(os.path.join(args.out, stem), "w") as f:
-            f.write(text)
-        print("wrote", os.path.join(args.out, stem))
+    write_table(args.out, f"{commit}-varlen-layers-mlp{args.mlp}", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -227,8 +227,10 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
                 lse.index_copy_(1, rows, lg.index_select(1, rows))
     placed = {i for g in groups for i in g}
     rows = rows_of([i for i, n in enumerate(lens_q) if n and i not in placed])
-    if rows is not None:  # no key to attend: no tile ran (index_fill_: `o[rows] = 0` would copy
-        o.index_fill_(0, rows, 0)  # the 0 to the GPU with a sync)
+    # Sequences with queries but no key to attend: no tile ran. (index_fill_, since `o[rows] = 0`
+    # would copy its 0 to the GPU with a sync.)
+    if rows is not None:
+        o.index_fill_(0, rows, 0)
         if return_lse:
             lse.index_fill_(1, rows, float("-inf"))
     return o, (lse if return_lse else None)

@@ -9,7 +9,10 @@ environment always wins, so a maintainer can override any of them.
   for our kernels; more would swap on small machines).
 - SAGEATTN_COMPILER_CACHE = auto (default) | sccache | off: with sccache on the PATH, nvcc
   (PYTORCH_NVCC) and, on Linux, the host compiler (CXX, a wrapper script) run through it;
-  SCCACHE_DIR is the cache.
+  SCCACHE_DIR is the cache. torch 2.15's cpp_extension puts ccache or sccache (whichever is on
+  the PATH) in front of the compilers itself; where this module routes them, or is told
+  `off`, it sets TORCH_NO_COMPILER_WRAPPER=1 so that torch does not: sccache in front of the
+  sccache wrapper fails every host compile ("Compiler not supported").
 - After each extension is linked (Linux), ``static_libstdcxx_error`` checks that it loads the
   shared libstdc++: a toolchain that finds only libstdc++.a links a private copy of the C++
   library, and the first error message that formats a number then crashes the process.
@@ -58,8 +61,11 @@ def compiler_cache(env: MutableMapping[str, str], cuda_home: Optional[str], plat
     mode = env.get("SAGEATTN_COMPILER_CACHE", "auto")
     if mode not in ("auto", "sccache", "off"):
         raise ValueError(f"SAGEATTN_COMPILER_CACHE={mode!r}: use auto, sccache or off")
+    # torch >= 2.15 wraps the compilers in ccache/sccache itself unless told not to; both
+    # wrappers stacked break the host compiles, and `off` must mean off
+    no_torch_wrapper = {} if env.get("TORCH_NO_COMPILER_WRAPPER") else {"TORCH_NO_COMPILER_WRAPPER": "1"}
     if mode == "off":
-        return {}
+        return no_torch_wrapper
     sccache = shutil.which("sccache", path=env.get("PATH"))
     if not sccache:
         if mode == "sccache":
@@ -81,7 +87,7 @@ def compiler_cache(env: MutableMapping[str, str], cuda_home: Optional[str], plat
             os.chmod(wrapper, 0o755)
             out["CXX"] = wrapper
     # Windows: only nvcc goes through sccache (torch checks that CXX is cl itself)
-    return out
+    return {**out, **no_torch_wrapper} if out else out
 
 
 def configure(env: MutableMapping[str, str] = os.environ, platform: Optional[str] = None,

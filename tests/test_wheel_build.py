@@ -246,9 +246,20 @@ def test_compiler_cache_linux_and_windows(tmp_path):
     out = build_env.compiler_cache(env, "/cuda", "linux", wrapper_dir=str(tmp_path / "wrap"))
     assert out["PYTORCH_NVCC"] == f"{sccache} /cuda/bin/nvcc"
     assert open(out["CXX"]).read() == f'#!/bin/sh\nexec "{sccache}" "{cxx}" "$@"\n'
+    # torch 2.15 would put sccache in front of the wrapper as well: told not to
+    assert out["TORCH_NO_COMPILER_WRAPPER"] == "1"
     win = build_env.compiler_cache(env, "C:/cuda", "windows", wrapper_dir=str(tmp_path / "wrap"))
-    assert win == {"PYTORCH_NVCC": f"{sccache} {os.path.join('C:/cuda', 'bin', 'nvcc.exe')}"}
-    assert build_env.compiler_cache({"PATH": str(bindir), "SAGEATTN_COMPILER_CACHE": "off"}, "/cuda", "linux") == {}
+    assert win == {"PYTORCH_NVCC": f"{sccache} {os.path.join('C:/cuda', 'bin', 'nvcc.exe')}",
+                   "TORCH_NO_COMPILER_WRAPPER": "1"}
+    # off: neither this module nor torch puts a cache in front of the compilers
+    off = {"PATH": str(bindir), "SAGEATTN_COMPILER_CACHE": "off"}
+    assert build_env.compiler_cache(off, "/cuda", "linux") == {"TORCH_NO_COMPILER_WRAPPER": "1"}
+    # no sccache found (auto): nothing set, torch may use a ccache it finds
+    assert build_env.compiler_cache({"PATH": str(tmp_path / "empty")}, "/cuda", "linux") == {}
+    # the maintainer's own setting wins
+    kept = build_env.compiler_cache({**env, "TORCH_NO_COMPILER_WRAPPER": "0"}, "/cuda", "linux",
+                                    wrapper_dir=str(tmp_path / "wrap"))
+    assert "TORCH_NO_COMPILER_WRAPPER" not in kept and "PYTORCH_NVCC" in kept
     with pytest.raises(ValueError, match="not on the PATH"):
         build_env.compiler_cache({"PATH": str(tmp_path), "SAGEATTN_COMPILER_CACHE": "sccache"}, "/cuda", "linux")
 

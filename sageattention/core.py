@@ -248,6 +248,14 @@ def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_qua
               smooth_k, smooth_v, return_lse, v_fp8_terms=1):
     """The compiled pipeline (_cuda.py) on validated arguments."""
     require(fn, module)
+    if q.device.type != "cuda":
+        # (_common lets CPU tensors through under Triton's interpreter, which only the Triton
+        # kernel can use; the compiled ops have CUDA implementations only)
+        raise RuntimeError(
+            f"{fn}: q is on {q.device}; this function runs a compiled CUDA kernel and takes tensors on an "
+            "NVIDIA GPU only. Move them with .cuda(), or call sageattn(...), which runs the Triton kernel "
+            "under Triton's CPU interpreter (TRITON_INTERPRET=1)"
+        )
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, return_lse)
     from . import _cuda

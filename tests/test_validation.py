@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sageattention as sa
-from sageattention import KernelUnavailableError
+from sageattention import KernelUnavailableError, _ops, core, dispatch
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -173,14 +173,29 @@ def test_every_message_names_its_function():
         assert any(n in str(info.value) for n in names), f"{case_id}: {info.value}"
 
 
-@pytest.mark.parametrize("fn", [C16, C8, C90], ids=["fp16_cuda", "fp8_cuda", "fp8_cuda_sm90"])
-def test_cuda_functions_say_not_in_build(fn):
-    if any(b.startswith("cuda") for b in sa.available_backends()):
-        pytest.skip("this build has compiled CUDA kernels")  # pragma: no cover
+_CUDA_FUNCTIONS = {"fp16_cuda": (C16, "cuda_fp16"), "fp8_cuda": (C8, "cuda_fp8"), "fp8_cuda_sm90": (C90, "cuda_sm90")}
+
+
+@pytest.mark.parametrize("name", list(_CUDA_FUNCTIONS))
+def test_cuda_functions_say_not_in_build(name):
+    fn, backend = _CUDA_FUNCTIONS[name]
+    if _ops.status(dispatch.BACKENDS[backend].extension)[0]:
+        pytest.skip("this build has the function's compiled module")  # pragma: no cover
     with pytest.raises(KernelUnavailableError) as info:
         fn(*qkv())
     msg = str(info.value)
     assert fn.__name__ in msg and "not in this build" in msg and "sageattn(" in msg
+
+
+@pytest.mark.parametrize("name", list(_CUDA_FUNCTIONS))
+def test_cuda_functions_refuse_cpu_tensors_when_built(name, monkeypatch):
+    """With the compiled module present (simulated here: the build check passes), CPU tensors,
+    which the Triton interpreter lets through validation, get an error naming q's device, not
+    the dispatcher's "Could not run ... with arguments from the 'CPU' backend"."""
+    fn, _ = _CUDA_FUNCTIONS[name]
+    monkeypatch.setattr(core, "require", lambda function, module: None)
+    with pytest.raises(RuntimeError, match=fn.__name__ + r": q is on cpu; .*NVIDIA GPU only"):
+        fn(*qkv())
 
 
 def test_cpu_tensors_refused_without_interpreter(monkeypatch):

@@ -43,7 +43,7 @@ void check_input(const Tensor& t, const char* op, const char* arg) {
 }
 
 // The kernels' view of a [B, H, N, D] input.
-sage::Input4D input_of(const Tensor& t, const char* op, const char* arg) {
+[[maybe_unused]] sage::Input4D input_of(const Tensor& t, const char* op, const char* arg) {
   check_input(t, op, arg);
   sage::Input4D in{};
   in.data = t.data_ptr();

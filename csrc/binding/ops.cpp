@@ -12,7 +12,7 @@ namespace {
 // Packed sequences (varlen): int32 [2, B] on x's device, row starts then row counts, or null.
 // The values are the caller's to check (sageattn_varlen reads them on the host); the kernels
 // clamp each count to the padded tensors' row count.
-const int* seqs_of(const std::optional<Tensor>& t, const char* op, const char* arg, int64_t B, const Tensor& x) {
+[[maybe_unused]] const int* seqs_of(const std::optional<Tensor>& t, const char* op, const char* arg, int64_t B, const Tensor& x) {
   if (!t) return nullptr;
   TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->device() == x.device() && t->dim() == 2 &&
                   t->size(0) == 2 && t->size(1) == B,

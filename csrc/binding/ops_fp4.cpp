@@ -9,7 +9,7 @@
 
 namespace {
 
-const Tensor& check_u8(const Tensor& t, const char* op, const char* arg, std::initializer_list<int64_t> shape) {
+[[maybe_unused]] const Tensor& check_u8(const Tensor& t, const char* op, const char* arg, std::initializer_list<int64_t> shape) {
   TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kByte && t.is_contiguous(), kOps, "::", op, ": ", arg,
               " must be a contiguous uint8 CUDA tensor");
   TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), kOps, "::", op, ": ", arg, " has shape ", t.sizes(),

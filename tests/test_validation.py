@@ -194,8 +194,10 @@ def test_cuda_functions_refuse_cpu_tensors_when_built(name, monkeypatch):
     the dispatcher's "Could not run ... with arguments from the 'CPU' backend"."""
     fn, _ = _CUDA_FUNCTIONS[name]
     monkeypatch.setattr(core, "require", lambda function, module: None)
+    monkeypatch.setattr(core, "_interpreting", lambda: True)  # as in the CPU test runs, on any machine
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.float16) for _ in range(3))
     with pytest.raises(RuntimeError, match=fn.__name__ + r": q is on cpu; .*NVIDIA GPU only"):
-        fn(*qkv())
+        fn(q, k, v)
 
 
 def test_cpu_tensors_refused_without_interpreter(monkeypatch):

@@ -128,7 +128,10 @@ def test_matrix_cli_counts_match_contributing():
 
 def _cibw_identifiers(platform, env):
     cibw = shutil.which("cibuildwheel")
-    assert cibw, "cibuildwheel is not installed (.ci/run installs cibuildwheel==4.3.3)"
+    if not cibw and os.environ.get("CI"):
+        pytest.fail("cibuildwheel is not installed (.ci/run installs cibuildwheel==4.3.3)")
+    if not cibw:
+        pytest.skip("cibuildwheel not installed: these checks run it (pip install cibuildwheel==4.3.3, Python 3.11+)")
     full = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_") and k != matrix.ROW_ENV}
     full.update(env)
     r = subprocess.run([cibw, "--print-build-identifiers", "--platform", platform], cwd=ROOT, env=full,

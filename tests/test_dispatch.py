@@ -372,6 +372,15 @@ def test_sageattn_hands_wide_heads_to_sdpa(monkeypatch, layout, causal):
 
 
 
+# torch's cuDNN check initialises CUDA even for CPU tensors; a CUDA build of torch on a machine
+# without a usable driver (a CPU-only box with the PyPI torch) then raises instead of answering
+NEEDS_CUDA_INIT = pytest.mark.skipif(
+    torch.version.cuda is not None and not torch.cuda.is_available(),
+    reason="a CUDA build of torch without a usable GPU driver: torch's cuDNN check fails to initialise CUDA "
+           "(the CPU-only torch of .ci/run runs these)")
+
+
+@NEEDS_CUDA_INIT
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_sageattn_hands_short_calls_to_sdpa(monkeypatch, layout):
     """sageattn on a GPU whose choice carries short-call limits: a short call gets SDPA's
@@ -691,6 +700,7 @@ def test_short_lse_call_keeps_the_kernel_where_cudnn_cannot_run_it(monkeypatch):
     assert dispatch.goes_to_sdpa(LIMITS, _dims(2, 4, 40, 40, 64), False, True)
 
 
+@NEEDS_CUDA_INIT
 def test_cudnn_check_is_torchs_on_the_cpu():
     """_sdpa._cudnn_can_run asks torch: CPU tensors are never cuDNN's."""
     from sageattention import _sdpa

@@ -253,8 +253,8 @@ def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_qua
         # kernel can use; the compiled ops have CUDA implementations only)
         raise RuntimeError(
             f"{fn}: q is on {q.device}; this function runs a compiled CUDA kernel and takes tensors on an "
-            "NVIDIA GPU only. Move them with .cuda(), or call sageattn(...), which runs the Triton kernel "
-            "under Triton's CPU interpreter (TRITON_INTERPRET=1)"
+            "NVIDIA GPU only. Move them with .cuda(), or use torch.nn.functional.scaled_dot_product_attention "
+            "on the CPU"
         )
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, return_lse)

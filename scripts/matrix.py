@@ -73,11 +73,40 @@ def _load_build_module():
 
 variant = _load_build_module().variant  # 'torch2.11-cu130': row id and index folder
 
+ABI3_FLOOR = "3.10"  # the oldest Python any of our wheels serves (pyproject.toml's requires-python)
+
+
+def _minor(python: str) -> int:
+    m = re.fullmatch(r"3\.(\d+)", python)
+    if not m:
+        raise MatrixError(f"not a Python 3 version: {python!r}")
+    return int(m.group(1))
+
+
+def abi3_python(torch_requires_python: Optional[str]) -> str:
+    """The oldest Python a wheel serves: the lower bound of its torch's Requires-Python
+    ('>=3.11' -> '3.11'), never below ABI3_FLOOR. A wheel for torch 2.15, which needs 3.11, is
+    tagged cp311-abi3: pip on 3.10 then never picks a wheel whose torch it cannot install."""
+    bounds = re.findall(r">=?\s*3\.(\d+)", torch_requires_python or "")
+    return f"3.{max([_minor(ABI3_FLOOR)] + [int(b) for b in bounds])}"
+
+
+def python_tag(python: str) -> str:
+    """'3.11' -> 'cp311': the interpreter part of an abi3 wheel's tag."""
+    return f"cp3{_minor(python)}"
+
+
+def limited_api_hex(python: str) -> str:
+    """'3.11' -> '0x030B0000': Py_LIMITED_API for extensions that serve Pythons from ``python``."""
+    return f"0x03{_minor(python):02X}0000"
+
 
 def _python_range(spec: str) -> List[str]:
     m = re.fullmatch(r"3\.(\d+)-3\.(\d+)", spec)
     if not m or int(m.group(1)) > int(m.group(2)):
         raise MatrixError(f"python range {spec!r}: write it as '3.10-3.14'")
+    if int(m.group(1)) < _minor(ABI3_FLOOR):
+        raise MatrixError(f"python range {spec!r}: our wheels serve Python {ABI3_FLOOR} and newer; start it there")
     return [f"3.{n}" for n in range(int(m.group(1)), int(m.group(2)) + 1)]
 
 
@@ -97,6 +126,11 @@ class Row:
     @property
     def build_tag(self) -> str:
         return build_tag(self.torch_version, self.cuda)
+
+    @property
+    def abi3_python(self) -> str:
+        """The oldest Python the row's wheels serve: the lowest of its torch's Pythons."""
+        return self.pythons[0]
 
     def env_mismatch(self, torch_version: str, torch_cuda: Optional[str], nvcc: Optional[str] = None) -> Optional[str]:
         """None when a build env (its torch, torch's CUDA, and nvcc when given) is this row's;

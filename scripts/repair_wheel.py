@@ -11,7 +11,8 @@ The hook, the same code on Linux and Windows:
    manylinux_2_28 image) or `delvewheel repair` (Windows), both told to leave torch's and
    CUDA's libraries out: torch provides them at run time, and a second copy would clash;
 3. sets the PEP 427 build tag "<torch>.<cuda>" (2110.130) with `wheel tags --build`;
-4. checks the result with `packaging`: file name, WHEEL (Build, Tag), METADATA
+4. checks the result with `packaging`: file name, WHEEL (Build, Tag: cp3X-abi3 with 3.X the
+   oldest Python of the wheel's torch, recorded in the build info), METADATA
    (Requires-Dist torch==X.Y.*), no torch or CUDA library inside, the build info.
 """
 
@@ -122,9 +123,11 @@ def check_wheel(path: str, row: Optional[matrix.Row] = None, platform: Optional[
         problems.append(f"{fname}: WHEEL Tag lines {sorted(listed)} differ from the file name's {sorted(wheel_tags)}")
     if wmeta.get("Root-Is-Purelib", "").lower() != "false":
         problems.append(f"{fname}: Root-Is-Purelib should be false for a wheel with compiled kernels")
+    abi3 = info.get("abi3", matrix.ABI3_FLOOR)  # wheels built before the key was recorded: 3.10
+    want = matrix.python_tag(abi3)
     for t in tags:
-        if t.abi != "abi3" or t.interpreter != "cp310":
-            problems.append(f"{fname}: tag {t} is not cp310-abi3 (one wheel for every Python >= 3.10)")
+        if t.abi != "abi3" or t.interpreter != want:
+            problems.append(f"{fname}: tag {t} is not {want}-abi3 (its torch {info['torch']} serves Python >= {abi3})")
         if platform == "linux" and not t.platform.startswith("manylinux_"):
             problems.append(f"{fname}: platform {t.platform} is not a manylinux tag (auditwheel did not run?)")
         if platform == "windows" and t.platform != "win_amd64":
@@ -149,6 +152,8 @@ def check_wheel(path: str, row: Optional[matrix.Row] = None, platform: Optional[
         got = {a.replace("a", "").replace("+PTX", "") for archs in info["archs"].values() for a in archs}
         if want != got:
             problems.append(f"{fname}: compiled for {sorted(got)}; row {row.id} lists {sorted(want)}")
+        if abi3 != row.abi3_python:
+            problems.append(f"{fname}: serves Python >= {abi3}; row {row.id} starts at Python {row.abi3_python}")
     return problems
 
 

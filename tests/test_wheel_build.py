@@ -66,7 +66,20 @@ def test_every_row_arch_list_is_buildable_by_its_cuda(row):
     nvcc = tuple(int(x) for x in row.cuda.split("."))
     built = [cuda_archs.for_family(f, archs, nvcc) for f in cuda_archs.FAMILIES]  # raises if not
     assert built[0], f"{row.id}: no arch for the sm80 extension"
-    assert row.pythons[0] >= "3.10" and row.build_tag.endswith("." + row.cuda.replace(".", ""))
+    assert int(row.abi3_python.split(".")[1]) >= 10 and row.build_tag.endswith("." + row.cuda.replace(".", ""))
+
+
+def test_a_wheel_serves_the_pythons_of_its_torch():
+    """The abi3 floor is the lower bound of torch's Requires-Python, never below 3.10."""
+    assert matrix.abi3_python(">=3.11") == "3.11"  # torch 2.15's metadata
+    assert matrix.abi3_python(">=3.10") == "3.10"  # torch 2.11-2.14
+    assert matrix.abi3_python(">=3.9.0") == "3.10"  # torch 2.6: our own floor
+    assert matrix.abi3_python(None) == "3.10"  # a source build of torch has no metadata
+    assert matrix.abi3_python(">=3.12,<3.16") == "3.12"
+    assert (matrix.python_tag("3.11"), matrix.python_tag("3.10")) == ("cp311", "cp310")
+    assert int(matrix.limited_api_hex("3.11"), 16) == 0x030B0000
+    assert int(matrix.limited_api_hex("3.10"), 16) == 0x030A0000
+    assert M.row("torch2.15-cu132").abi3_python == "3.11" and M.row("torch2.14-cu130").abi3_python == "3.10"
 
 
 def test_torch_source_follows_pypi_flavour_per_platform():
@@ -97,6 +110,7 @@ def test_matrix_rejects_bad_files(tmp_path):
         (good.replace('default = ["torch2.11-cu130"]', 'default = ["torch9.9-cu130"]'), "not a row"),
         (good + '\n[[row]]\ntorch = "2.11"\ncuda = "13.0"\n', "listed twice"),
         (good + '\n[[row]]\ntorch = "2.11"\ncuda = "11.8"\n', "no \\[cuda"),
+        (good.replace('python = "3.10-3.13"', 'python = "3.9-3.13"'), "serve Python 3.10 and newer"),
     ]:
         p = tmp_path / "m.toml"
         p.write_text(broken)
@@ -326,22 +340,23 @@ def test_repair_command_windows_names_every_torch_and_cuda_dll(tmp_path):
 
 
 def make_wheel(folder, tag="2110.130", plat="manylinux_2_28_x86_64", torch="2.11.0", cuda="13.0",
-               requires="torch==2.11.*", extra=(), archs=None, version="2.2.0"):
-    """A synthetic sageattention wheel shaped like ours."""
+               requires="torch==2.11.*", extra=(), archs=None, version="2.2.0", py="cp310", abi3=None):
+    """A synthetic sageattention wheel shaped like ours (``abi3``: the build info's Python
+    floor; None leaves it out, as in wheels built before it was recorded)."""
     archs = archs if archs is not None else {"_qattn_sm80": ["sm_80"]}
     build = f"-{tag}" if tag else ""
-    name = f"sageattention-{version}{build}-cp310-abi3-{plat}.whl"
+    name = f"sageattention-{version}{build}-{py}-abi3-{plat}.whl"
     dist = f"sageattention-{version}.dist-info"
     wheel = email.message.Message()
     for k, v in (("Wheel-Version", "1.0"), ("Generator", "test"), ("Root-Is-Purelib", "false"),
-                 ("Tag", f"cp310-abi3-{plat}")) + ((("Build", tag),) if tag else ()):
+                 ("Tag", f"{py}-abi3-{plat}")) + ((("Build", tag),) if tag else ()):
         wheel[k] = v
     meta = email.message.Message()
     meta["Metadata-Version"], meta["Name"], meta["Version"] = "2.1", "sageattention", version
     if requires:
         meta["Requires-Dist"] = requires
     files = {"sageattention/__init__.py": "",
-             "sageattention/_build_info.py": f"BUILD = {dict(torch=torch, cuda=cuda, archs=archs)!r}\n"}
+             "sageattention/_build_info.py": f"BUILD = {dict(torch=torch, cuda=cuda, archs=archs, **({'abi3': abi3} if abi3 else {}))!r}\n"}
     files.update({(ext.replace(".", "/") if "." in ext else f"sageattention/{ext}") + ".abi3.so": ""
                   for ext in archs})
     files.update({n: "" for n in extra})
@@ -398,6 +413,21 @@ def test_check_wheel_against_the_row(tmp_path):
     problems = repair_wheel.check_wheel(make_wheel(str(tmp_path), tag="2110.128", cuda="12.8"),
                                         M.row("torch2.11-cu130"), "linux")
     assert any("row torch2.11-cu130 is 2110.130" in p for p in problems)
+
+
+def test_check_wheel_wants_the_python_tag_of_its_torch(tmp_path):
+    row = M.row("torch2.15-cu132")
+    archs = {"_qattn_sm80": [f"sm_{a.replace('.', '')}" for a in row.archs.split(";")]}
+    for sub in "abc":
+        (tmp_path / sub).mkdir()
+    kw = dict(tag="2150.132", torch="2.15.0", cuda="13.2", requires="torch==2.15.*", archs=archs)
+    assert repair_wheel.check_wheel(make_wheel(str(tmp_path / "a"), py="cp311", abi3="3.11", **kw), row, "linux") == []
+    problems = repair_wheel.check_wheel(make_wheel(str(tmp_path / "b"), py="cp310", abi3="3.11", **kw), row, "linux")
+    assert problems == ["sageattention-2.2.0-2150.132-cp310-abi3-manylinux_2_28_x86_64.whl: tag "
+                        "cp310-abi3-manylinux_2_28_x86_64 is not cp311-abi3 (its torch 2.15.0 serves Python >= 3.11)"]
+    problems = repair_wheel.check_wheel(make_wheel(str(tmp_path / "c"), py="cp310", **kw), row, "linux")
+    assert problems == ["sageattention-2.2.0-2150.132-cp310-abi3-manylinux_2_28_x86_64.whl: serves Python >= 3.10; "
+                        "row torch2.15-cu132 starts at Python 3.11"]
 
 
 def test_set_build_tag_with_wheel_tags(tmp_path):

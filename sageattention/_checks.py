@@ -59,8 +59,20 @@ def check_scale(fn: str, name: str, value: Any) -> Optional[float]:
     return value
 
 
+def refuse_read_in_capture(fn: str, name: str, t: torch.Tensor, instead: str = "a CPU tensor") -> None:
+    """A GPU tensor read on the host needs a sync, which CUDA-graph capture forbids: torch would
+    fail with a CUDA error and invalidate the capture. Say what to pass instead."""
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            f"{fn}: {name} is a tensor on {t.device}, read on the host, which is not possible while a "
+            f"CUDA graph is being captured; pass it as {instead} (the graph then replays the value it "
+            "was captured with)"
+        )
+
+
 def check_int(fn: str, name: str, value: Any, minimum: int) -> int:
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
+        refuse_read_in_capture(fn, name, value, "a Python int or a CPU tensor")
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{fn}: {name} must be an int, got {_fmt(value)} ({type(value).__name__})")
@@ -224,6 +236,7 @@ def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.devi
         raise ValueError(f"{fn}: {name} must be 1-D with batch+1 >= 2 entries, got shape {tuple(cu.shape)}")
     if cu.device != device and cu.device.type != "cpu":
         raise ValueError(f"{fn}: {name} is on {cu.device} but q is on {device}; pass it on q's device or on the CPU")
+    refuse_read_in_capture(fn, name, cu)
     host = cu.tolist()
     lens = [b - a for a, b in zip(host[:-1], host[1:])]
     if host[0] != 0:

@@ -13,6 +13,7 @@ from itertools import accumulate
 import torch
 
 from ._ops import ops, register_family, require
+from ._staging import to_device
 from .dispatch import seen_keys
 
 LOG2E = 1.4426950408889634
@@ -198,14 +199,14 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
 
     def rows_of(seqs):  # packed query rows of these sequences, as an index on the device
         idx = [torch.arange(starts[i], starts[i] + lens_q[i]) for i in seqs]
-        return torch.cat(idx).to(q3.device, non_blocking=True) if idx else None  # no sync: pageable, staged at once
+        return to_device(torch.cat(idx), q3.device) if idx else None
 
     o = lse = None
     rowdot = return_lse and smooth_k
     for g in groups:
         sq, sk = packed_seqs(lens_q, lens_k, g, is_causal)
         nb, max_q, max_k = len(g), max(sq[1]), max(sk[1])
-        seq = torch.tensor([sq, sk], dtype=torch.int32).to(q3.device, non_blocking=True)  # one copy
+        seq = to_device(torch.tensor([sq, sk], dtype=torch.int32), q3.device)  # one copy
         q8, qs, qdot, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
             packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k), sm_scale * LOG2E,
             q_groups, k_groups, smooth_k, False, rowdot, FP8_MAX, _ceil(max_q, BLOCK_Q), _ceil(max_k, SM90_BLOCK_K),

@@ -254,6 +254,70 @@ def test_varlen_offsets_on_the_cpu_never_wait_for_the_gpu(path, causal, monkeypa
         _no_sync(lambda: call(*on_gpu))
 
 
+@pytest.mark.parametrize("path", ["default", "triton"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_replays_in_a_cuda_graph(path, causal, monkeypatch):
+    """sageattn_varlen with CPU offsets captured in a CUDA graph, replayed on new inputs copied
+    into the captured ones: eager's bits, the lengths of the capture. Between capture and replay
+    other calls build tables of the same sizes on the host with other lengths: until the tables
+    captured copies read were kept (sageattention/_staging.py), a replay could read those."""
+    if path == "triton":
+        monkeypatch.setattr(dispatch, "varlen_groups", lambda *a: None)
+    lens_q = [2048, 100, 5, 96, 130]
+    lens_k = lens_q if causal else [2048, 100, 0, 96, 130]
+    other_q, other_k = [130, 96, 2048, 100, 5], [130, 96, 2048, 0, 100]  # same totals and count
+
+    def inputs(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(sum(lens_q), 4, 128, generator=g).to(torch.bfloat16).cuda(),
+                (torch.randn(sum(lens_k), 2, 128, generator=g) + 1.0).to(torch.bfloat16).cuda(),
+                torch.randn(sum(lens_k), 2, 128, generator=g).to(torch.bfloat16).cuda())
+
+    def cu(lens):
+        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+
+    def call(q, k, v, lq=lens_q, lk=lens_k):
+        return sa.sageattn_varlen(q, k, v, cu(lq), cu(lk), max(lq), max(lk), is_causal=causal, return_lse=True)
+
+    q, k, v = inputs(1)
+    call(q, k, v)  # compile / load outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(q, k, v)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, lse = call(q, k, v)
+    for seed in (2, 3):
+        for _ in range(3):  # host tables of the same sizes, other values, freed again
+            call(q, k, v, other_q, other_k if not causal else other_q)
+        new = inputs(seed)
+        for dst, src in zip((q, k, v), new):
+            dst.copy_(src)
+        graph.replay()
+        eo, el = call(*new)
+        assert torch.equal(o, eo) and torch.equal(lse, el), f"replay with seed {seed}"
+
+
+@pytest.mark.parametrize("where", ["cu_seqlens_q", "max_seqlen_k"])
+def test_varlen_capture_refuses_what_it_would_read_from_the_gpu(where):
+    """Offsets (or a max length) on the GPU are read on the host, a sync that capture forbids
+    (torch would fail with a CUDA error and invalidate the capture): an error naming the
+    argument, raised before anything is captured."""
+    lens = [300, 17]
+    q, k, v = (torch.randn(sum(lens), 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 300, 317], dtype=torch.int32)
+    args = {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": 300, "max_seqlen_k": 300}
+    args[where] = args[where].cuda() if where.startswith("cu") else torch.tensor(300, device="cuda")
+    sa.sageattn_varlen(q, k, v, **args)  # outside a capture: read back, fine
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=f"{where} is a tensor on cuda:0.*CUDA graph is being captured"):
+        with torch.cuda.graph(graph):
+            sa.sageattn_varlen(q, k, v, **args)
+    assert torch.equal(sa.sageattn_varlen(q, k, v, **args), sa.sageattn_varlen(q, k, v, **args))
+
+
 @pytest.mark.parametrize("n", [1024, 4096])
 def test_sageattn_never_waits_for_the_gpu(n):
     """sageattn (the kernel at 4096, SDPA where a GPU's hand-over takes 1024) issues its work

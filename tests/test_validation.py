@@ -222,3 +222,33 @@ def test_varlen_offsets_may_be_on_the_cpu_for_gpu_tensors(dtype):
         C.check_cu_seqlens("f", "cu_seqlens_q", cu, 10, gpu, "max_seqlen_q", 6)
     with pytest.raises(ValueError, match=r"cu_seqlens_q is on meta but q is on cuda:0"):
         C.check_cu_seqlens("f", "cu_seqlens_q", cu.to("meta"), 10, gpu, "max_seqlen_q", 7)
+
+
+def test_gpu_values_read_on_the_host_are_refused_inside_graph_capture(monkeypatch):
+    """A GPU tensor that must be read on the host (varlen offsets, a max length) is refused
+    while a CUDA graph is being captured, with what to pass instead; outside a capture, and for
+    CPU tensors, nothing is refused. (The capture state is faked: no GPU needed; the GPU tests
+    capture for real.)"""
+    from types import SimpleNamespace
+
+    from sageattention import _checks as C
+
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    C.refuse_read_in_capture("f", "cu_seqlens_q", on_gpu)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    C.refuse_read_in_capture("f", "cu_seqlens_q", torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^f: cu_seqlens_q is a tensor on cuda:0, read on the host, which is not "
+                                         r"possible while a CUDA graph is being captured; pass it as a CPU tensor"):
+        C.refuse_read_in_capture("f", "cu_seqlens_q", on_gpu)
+    with pytest.raises(ValueError, match=r"max_seqlen_k is a tensor on cuda:0.*pass it as a Python int or a CPU tensor"):
+        C.refuse_read_in_capture("f", "max_seqlen_k", on_gpu, "a Python int or a CPU tensor")
+
+
+def test_host_tables_stay_on_the_host_for_cpu_work():
+    """The staging helper on the CPU (Triton's interpreter): the table itself, nothing kept."""
+    from sageattention import _staging
+
+    before = _staging.kept_tables()
+    t = torch.tensor([[0, 3], [5, 7]], dtype=torch.int32)
+    assert _staging.to_device(t, torch.device("cpu")) is t and _staging.kept_tables() == before

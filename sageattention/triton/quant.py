@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._staging import to_device
 from ..reference import AMAX_EPS
 
 _EPS = tl.constexpr(AMAX_EPS)  # kernels may only read constexpr globals
@@ -204,7 +205,7 @@ def packed_offsets(lens_q, lens_k, block_q: int, block_k: int, device) -> Varlen
         return list(accumulate(((n + block - 1) // block * block for n in lens), initial=0))
 
     table = [starts(lens_q), starts(lens_k), starts(lens_q, block_q), starts(lens_k, block_k)]
-    cu = torch.tensor(table, dtype=torch.int32).to(device, non_blocking=True)
+    cu = to_device(torch.tensor(table, dtype=torch.int32), torch.device(device))
     return Varlen(cu[0], cu[1], cu[2], cu[3], max(lens_q), max(lens_k), table[2][-1], table[3][-1])
 
 

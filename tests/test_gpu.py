@@ -24,7 +24,7 @@ from helpers import (
     sdpa_fp32,
     visible_kv,
 )
-from sageattention import _cuda, dispatch
+from sageattention import _cuda, _staging, dispatch
 from sageattention._checks import Dims
 from sageattention import triton as st
 from sageattention.reference import attention_exact, attention_quantized, error_metrics
@@ -258,9 +258,11 @@ def test_varlen_offsets_on_the_cpu_never_wait_for_the_gpu(path, causal, monkeypa
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_replays_in_a_cuda_graph(path, causal, monkeypatch):
     """sageattn_varlen with CPU offsets captured in a CUDA graph, replayed on new inputs copied
-    into the captured ones: eager's bits, the lengths of the capture. Between capture and replay
-    other calls build tables of the same sizes on the host with other lengths: until the tables
-    captured copies read were kept (sageattention/_staging.py), a replay could read those."""
+    into the captured ones: eager's bits, the lengths of the capture. (Before
+    sageattention/_staging.py the capture failed: torch refuses copies from pageable host
+    memory inside one.) Between capture and replay other calls build tables of the same sizes
+    on the host with other lengths, and pin some memory: the pinned tables the graph's copies
+    read must not be reused."""
     if path == "triton":
         monkeypatch.setattr(dispatch, "varlen_groups", lambda *a: None)
     lens_q = [2048, 100, 5, 96, 130]
@@ -286,12 +288,15 @@ def test_varlen_replays_in_a_cuda_graph(path, causal, monkeypatch):
     with torch.cuda.stream(stream):
         call(q, k, v)
     torch.cuda.current_stream().wait_stream(stream)
+    kept = _staging.kept_tables()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, lse = call(q, k, v)
+    assert _staging.kept_tables() > kept
     for seed in (2, 3):
         for _ in range(3):  # host tables of the same sizes, other values, freed again
             call(q, k, v, other_q, other_k if not causal else other_q)
+            torch.tensor([7] * 64, dtype=torch.int32).pin_memory()
         new = inputs(seed)
         for dst, src in zip((q, k, v), new):
             dst.copy_(src)

@@ -224,10 +224,9 @@ def check_packed(fn: str, q, k, v, enable_gqa: Optional[bool] = None) -> Dims:
     return Dims(0, q.shape[1], k.shape[1], q.shape[0], k.shape[0], q.shape[2])
 
 
-def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.device, max_name: str, max_len: int) -> list:
-    """Validate cumulative sequence offsets; returns the lengths. Offsets on q's GPU are read
-    back to the host (a device sync: the host waits for the GPU's queue); offsets on the CPU
-    are read as they are, so a call with both on the CPU never waits for the GPU."""
+def check_cu_tensor(fn: str, name: str, cu: Any, device: torch.device) -> None:
+    """What can be checked of cumulative sequence offsets without reading them (so also while
+    torch.compile traces): type, dtype, shape, device."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor of int32 or int64, got {type(cu).__name__}")
     if cu.dtype not in (torch.int32, torch.int64):
@@ -236,6 +235,13 @@ def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.devi
         raise ValueError(f"{fn}: {name} must be 1-D with batch+1 >= 2 entries, got shape {tuple(cu.shape)}")
     if cu.device != device and cu.device.type != "cpu":
         raise ValueError(f"{fn}: {name} is on {cu.device} but q is on {device}; pass it on q's device or on the CPU")
+
+
+def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.device, max_name: str, max_len: int) -> list:
+    """Validate cumulative sequence offsets; returns the lengths. Offsets on q's GPU are read
+    back to the host (a device sync: the host waits for the GPU's queue); offsets on the CPU
+    are read as they are, so a call with both on the CPU never waits for the GPU."""
+    check_cu_tensor(fn, name, cu, device)
     refuse_read_in_capture(fn, name, cu)
     host = cu.tolist()
     lens = [b - a for a, b in zip(host[:-1], host[1:])]

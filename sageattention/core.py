@@ -357,7 +357,9 @@ def sageattn_varlen(
 
     Kernel: where ``sageattn`` runs the Hopper kernel (H100-class GPUs), that kernel, one launch
     per group of sequences of similar length (``dispatch.varlen_groups``); on every other GPU the
-    Triton kernel. Short sequences are not handed to SDPA.
+    Triton kernel. Short sequences are not handed to SDPA. Under ``torch.compile`` the call is
+    one custom op (``sageattention::varlen``): the lengths it reads are data, so the op is
+    traced as a whole (``fullgraph=True`` works) and runs as in eager.
     """
     fn = "sageattn_varlen"
     C.check_bool(fn, "is_causal", is_causal)
@@ -369,26 +371,51 @@ def sageattn_varlen(
     dims = C.check_packed(fn, q, k, v, kw.enable_gqa)
     max_q = C.check_int(fn, "max_seqlen_q", max_seqlen_q, 0)
     max_k = C.check_int(fn, "max_seqlen_k", max_seqlen_k, 0)
-    lens_q = C.check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, dims.len_q, q.device, "max_seqlen_q", max_q)
-    lens_k = C.check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, dims.len_k, q.device, "max_seqlen_k", max_k)
+    C.check_cu_tensor(fn, "cu_seqlens_q", cu_seqlens_q, q.device)
+    C.check_cu_tensor(fn, "cu_seqlens_k", cu_seqlens_k, q.device)
+    C.check_device(fn, q, _interpreting())
+    scale = sm_scale if sm_scale is not None else kw.scale
+    if scale is None:
+        scale = 1.0 / math.sqrt(dims.head_dim)
+    o, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, is_causal, float(scale), smooth_k, return_lse)
+    return (o, lse) if return_lse else o
+
+
+@torch.library.custom_op("sageattention::varlen", mutates_args=())
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
+            smooth_k: bool, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """sageattn_varlen after its argument checks, as one custom op: it reads the offsets on the
+    host (their values are checked here) and picks kernels and launch groups from them, which
+    torch.compile cannot trace. Returns o and the LSE (an empty tensor unless return_lse)."""
+    fn = "sageattn_varlen"
+    dims = C.check_packed(fn, q, k, v, True)
+    lens_q = C.check_cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, dims.len_q, q.device, "max_seqlen_q", max_seqlen_q)
+    lens_k = C.check_cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, dims.len_k, q.device, "max_seqlen_k", max_seqlen_k)
     if len(lens_q) != len(lens_k):
         raise ValueError(
             f"{fn}: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
             f"got {len(lens_q)} and {len(lens_k)}"
         )
-    C.check_device(fn, q, _interpreting())
-    scale = sm_scale if sm_scale is not None else kw.scale
-    if scale is None:
-        scale = 1.0 / math.sqrt(dims.head_dim)
+    o, lse = _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse)
+    return o, (lse if return_lse else q.new_empty((0, 0), dtype=torch.float32))
+
+
+@_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, smooth_k, return_lse):
+    lse = (q.shape[1], q.shape[0]) if return_lse else (0, 0)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty(lse, dtype=torch.float32)
+
+
+def _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse):
     backend, options, _ = dispatch.chosen(q.device)
     groups = dispatch.varlen_groups(backend, lens_q, lens_k, is_causal) if dims.len_q > 0 else None
     if groups:
         from . import _cuda
 
         opts = {**_CUDA_DEFAULTS[backend], **dict(options)}
-        o, lse = _cuda.forward_varlen(fn, q, k, v, lens_q, lens_k, groups, is_causal, float(scale),
-                                      opts["qk_quant_gran"], smooth_k, return_lse)
-        return (o, lse) if return_lse else o
+        return _cuda.forward_varlen(fn, q, k, v, lens_q, lens_k, groups, is_causal, float(scale),
+                                    opts["qk_quant_gran"], smooth_k, return_lse)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((dims.heads_q, dims.len_q), dtype=torch.float32, device=q.device) if return_lse else None
     if dims.len_q > 0:
@@ -397,7 +424,7 @@ def sageattn_varlen(
         with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():
             lse = st.forward_varlen(q, k, v, o, lens_q, lens_k, is_causal=is_causal, sm_scale=scale,
                                     smooth_k=smooth_k, return_lse=return_lse)
-    return (o, lse) if return_lse else o
+    return o, lse
 
 
 # what each CUDA kernel function accepts as pv_accum_dtype (sageattn's options must be among them)

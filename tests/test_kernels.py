@@ -263,6 +263,57 @@ def test_torch_compile_fullgraph_traces_the_triton_path(device):
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
+@pytest.mark.parametrize("offsets_on", ["cpu", "q"])
+@pytest.mark.parametrize("return_lse", [False, True], ids=["o", "lse"])
+def test_torch_compile_fullgraph_traces_sageattn_varlen(device, return_lse, offsets_on):
+    """sageattn_varlen reads its offsets on the host, which dynamo cannot trace: the call is one
+    custom op (sageattention::varlen) with a fake implementation, so fullgraph=True traces it
+    (with inductor: code is generated around it) and the result equals eager. A bad offset is
+    the same ValueError from inside the compiled call. Before the op, fullgraph failed on the
+    data-dependent `cu_seqlens_q[0] != 0`, and without it (on the CPU, Triton's interpreter) dynamo
+    traced into the kernels and failed."""
+    import itertools
+
+    import torch._dynamo
+
+    lens_q, lens_k = [5, 70, 0, 33], [9, 70, 4, 0]
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(sum(lens_q), 4, 64, generator=g).to(torch.float16).to(device)
+    k = (torch.randn(sum(lens_k), 2, 64, generator=g) + 1.0).to(torch.float16).to(device)
+    v = torch.randn(sum(lens_k), 2, 64, generator=g).to(torch.float16).to(device)
+    where = "cpu" if offsets_on == "cpu" else device
+    cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32, device=where)
+                  for n in (lens_q, lens_k))
+
+    def fn(q, k, v, cu_q, cu_k):
+        return sa.sageattn_varlen(q, k, v, cu_q, cu_k, 70, 70, return_lse=return_lse)
+
+    eager = fn(q, k, v, cu_q, cu_k)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    got = compiled(q, k, v, cu_q, cu_k)
+    for a, b in zip(got if return_lse else (got,), eager if return_lse else (eager,)):
+        assert torch.equal(a, b)
+    bad = cu_q.clone()
+    bad[-1] -= 1
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] must equal the number of packed tokens \(108\), got 107"):
+        compiled(q, k, v, bad, cu_k)
+
+
+def test_varlen_op_passes_opcheck(device):
+    """The varlen custom op's schema, fake implementation and registration (torch.library.opcheck)."""
+    import itertools
+
+    from sageattention import core
+
+    lens = [3, 20, 9]
+    q, k, v = (torch.randn(sum(lens), 2, 32, dtype=torch.float16, device=device) for _ in range(3))
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    for lse in (False, True):
+        torch.library.opcheck(core._varlen, (q, k, v, cu, cu, 20, 20, True, 0.2, True, lse),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
 def test_packed_launches_keep_64_key_tiles():
     """Dense launches switch to 128-key tiles from 8k keys; packed (varlen) ones never do
     (the varlen kernel spills with them: choose_config's docstring has the measurement)."""

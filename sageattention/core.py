@@ -381,7 +381,12 @@ def sageattn_varlen(
     return (o, lse) if return_lse else o
 
 
-@torch.library.custom_op("sageattention::varlen", mutates_args=())
+# inductor's CUDA graphs (mode="reduce-overhead") must leave the op out: with offsets on the GPU
+# it reads them back, a sync that a capture forbids (the tag exists from torch 2.8 or so)
+_VARLEN_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("sageattention::varlen", mutates_args=(), tags=_VARLEN_TAGS)
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, is_causal: bool, scale: float,
             smooth_k: bool, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -323,6 +323,26 @@ def test_varlen_capture_refuses_what_it_would_read_from_the_gpu(where):
     assert torch.equal(sa.sageattn_varlen(q, k, v, **args), sa.sageattn_varlen(q, k, v, **args))
 
 
+@pytest.mark.parametrize("offsets_on", ["cpu", "cuda"])
+def test_varlen_compiled_with_cuda_graphs(offsets_on):
+    """torch.compile(mode="reduce-overhead") around sageattn_varlen: inductor leaves the varlen
+    op out of its CUDA graphs (the cudagraph_unsafe tag; with GPU offsets a capture would refuse
+    their read-back), and each call, warm-up, recording and replays, gives eager's bits."""
+    lens = [700, 33, 1500]
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=offsets_on)
+
+    def fn(q, k, v, cu):
+        return sa.sageattn_varlen(q * 1.0, k, v, cu, cu, 1500, 1500, is_causal=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+    for seed in (1, 2, 3, 4):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(sum(lens), 4, 128, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
+        got = compiled(q, k, v, cu).clone()
+        assert torch.equal(got, fn(q, k, v, cu)), (offsets_on, seed)
+
+
 @pytest.mark.parametrize("n", [1024, 4096])
 def test_sageattn_never_waits_for_the_gpu(n):
     """sageattn (the kernel at 4096, SDPA where a GPU's hand-over takes 1024) issues its work

@@ -300,6 +300,18 @@ def test_torch_compile_fullgraph_traces_sageattn_varlen(device, return_lse, offs
         compiled(q, k, v, bad, cu_k)
 
 
+def test_varlen_op_is_cudagraph_unsafe_for_inductor():
+    """The varlen op reads GPU offsets back (a sync): inductor's CUDA graphs must not capture it,
+    which the cudagraph_unsafe tag tells them (on every torch that has the tag)."""
+    from sageattention import core
+
+    tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    if tag is None:  # an older torch: no tag, and its inductor knows none
+        assert core._VARLEN_TAGS == ()
+        return
+    assert tag in torch.ops.sageattention.varlen.default.tags and core._VARLEN_TAGS == (tag,)
+
+
 def test_varlen_op_passes_opcheck(device):
     """The varlen custom op's schema, fake implementation and registration (torch.library.opcheck)."""
     import itertools

@@ -382,7 +382,7 @@ def sageattn_varlen(
 
 
 # inductor's CUDA graphs (mode="reduce-overhead") must leave the op out: with offsets on the GPU
-# it reads them back, a sync that a capture forbids (the tag exists from torch 2.8 or so)
+# it reads them back, a sync that a capture forbids (older torch has no such tag)
 _VARLEN_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 

@@ -156,3 +156,26 @@ def cuda_defaults(backend):
 
     sig = inspect.signature(getattr(sa, dispatch.BACKENDS[backend].function))
     return {name: sig.parameters[name].default for name in ("qk_quant_gran", "pv_accum_dtype")}
+
+
+def cu_seqlens(lens, device="cpu"):
+    """int32 offsets [0, l0, l0 + l1, ...] of packed sequences with these lengths."""
+    import itertools
+
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+
+
+def capture(call, *args):
+    """torch's recipe for a CUDA graph: ``call(*args)`` once, once more on a side stream (so
+    what it loads or compiles is done outside the capture), then captured. Returns the graph
+    and what the captured call returned (the buffers each replay writes)."""
+    call(*args)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(*args)
+    return graph, out

@@ -3,14 +3,12 @@ and granularity against the reference, torch.compile, the custom ops' registrati
 (opcheck), odd strides. GPU only; each test skips with the reason when its extension is not
 in this build or cannot run on this GPU."""
 
-import itertools
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import sageattention as sa
-from helpers import FP8_BACKENDS, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
+from helpers import FP8_BACKENDS, capture, cu_seqlens, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, dispatch
 from sageattention.reference import AMAX_EPS, attention_exact, attention_quantized, k_sample_index
 
@@ -289,15 +287,7 @@ def test_cuda_graph_replay_matches_eager(backend, lse, monkeypatch):
     first = make_qkv(2, 4, 2, 700, 700, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=1)
     q, k, v = (t.clone() for t in first)
     call = lambda *a: fn(*a, is_causal=True, return_lse=True) if lse else (fn(*a, is_causal=True), None)  # noqa: E731
-    call(q, k, v)  # compile / load outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call(q, k, v)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, l = call(q, k, v)
+    graph, (o, l) = capture(call, q, k, v)
     for seed in (2, 3):
         new = make_qkv(2, 4, 2, 700, 700, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=seed)
         for dst, src in zip((q, k, v), new):
@@ -620,8 +610,7 @@ def _packed(lens_q, lens_k, hq, hk, d, dtype, seed, strided=False):
     else:
         k = (torch.randn(sum(lens_k), hk, d, generator=g) + 2.0).to(dtype).cuda()
         v = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
-    cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32, device="cuda")
-                  for n in (lens_q, lens_k))
+    cu_q, cu_k = cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
     return q, k, v, cu_q, cu_k
 
 

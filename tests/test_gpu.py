@@ -10,6 +10,8 @@ import torch
 
 import sageattention as sa
 from helpers import (
+    capture,
+    cu_seqlens,
     CUDA_BACKENDS,
     FP8_BACKENDS,
     cuda_defaults,
@@ -182,10 +184,7 @@ def test_varlen_grid(dtype, causal, d, gqa):
     k = (torch.randn(sum(lens_k), hk, d, generator=g) + 1.0).to(dtype).cuda()
     v = torch.randn(sum(lens_k), hk, d, generator=g).to(dtype).cuda()
 
-    def cu(lens):
-        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
-
-    o, lse = sa.sageattn_varlen(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+    o, lse = sa.sageattn_varlen(q, k, v, cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda"), max(lens_q), max(lens_k),
                                 is_causal=causal, return_lse=True)
     assert torch.isfinite(o).all()
     # the dense function of the kernel sageattn_varlen runs: the Hopper one where sageattn's is
@@ -241,7 +240,7 @@ def test_varlen_offsets_on_the_cpu_never_wait_for_the_gpu(path, causal, monkeypa
     q = torch.randn(sum(lens_q), 4, 128, generator=g).to(torch.bfloat16).cuda()
     k = (torch.randn(sum(lens_k), 2, 128, generator=g) + 1.0).to(torch.bfloat16).cuda()
     v = torch.randn(sum(lens_k), 2, 128, generator=g).to(torch.bfloat16).cuda()
-    host = [torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32) for n in (lens_q, lens_k)]
+    host = [cu_seqlens(lens_q), cu_seqlens(lens_k)]
 
     def call(cu_q, cu_k):
         return sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
@@ -275,23 +274,13 @@ def test_varlen_replays_in_a_cuda_graph(path, causal, monkeypatch):
                 (torch.randn(sum(lens_k), 2, 128, generator=g) + 1.0).to(torch.bfloat16).cuda(),
                 torch.randn(sum(lens_k), 2, 128, generator=g).to(torch.bfloat16).cuda())
 
-    def cu(lens):
-        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-
     def call(q, k, v, lq=lens_q, lk=lens_k):
-        return sa.sageattn_varlen(q, k, v, cu(lq), cu(lk), max(lq), max(lk), is_causal=causal, return_lse=True)
+        return sa.sageattn_varlen(q, k, v, cu_seqlens(lq), cu_seqlens(lk), max(lq), max(lk), is_causal=causal,
+                                  return_lse=True)
 
     q, k, v = inputs(1)
-    call(q, k, v)  # compile / load outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call(q, k, v)
-    torch.cuda.current_stream().wait_stream(stream)
     kept = _staging.kept_tables()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, lse = call(q, k, v)
+    graph, (o, lse) = capture(call, q, k, v)
     assert _staging.kept_tables() > kept
     for seed in (2, 3):
         for _ in range(3):  # host tables of the same sizes, other values, freed again
@@ -329,7 +318,7 @@ def test_varlen_compiled_with_cuda_graphs(offsets_on):
     op out of its CUDA graphs (the cudagraph_unsafe tag; with GPU offsets a capture would refuse
     their read-back), and each call, warm-up, recording and replays, gives eager's bits."""
     lens = [700, 33, 1500]
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=offsets_on)
+    cu = cu_seqlens(lens, offsets_on)
 
     def fn(q, k, v, cu):
         return sa.sageattn_varlen(q * 1.0, k, v, cu, cu, 1500, 1500, is_causal=True)
@@ -610,15 +599,7 @@ def test_sageattn_replays_in_a_cuda_graph(b, h, n, causal):
         return make_qkv(b, h, h, n, n, 128, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=seed)
 
     q, k, v = inputs(1)
-    sa.sageattn(q, k, v, is_causal=causal)  # load / plan outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        sa.sageattn(q, k, v, is_causal=causal)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o = sa.sageattn(q, k, v, is_causal=causal)
+    graph, o = capture(lambda *a: sa.sageattn(*a, is_causal=causal), q, k, v)
     for seed in (2, 3):
         new = inputs(seed)
         for dst, src in zip((q, k, v), new):

@@ -6,7 +6,6 @@ every change. The large grid lives in test_gpu.py.
 """
 
 import dataclasses
-import itertools
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import torch
 import sageattention as sa
 from sageattention import dispatch
 from helpers import (
+    cu_seqlens,
     LSE_VS_FP32,
     assert_close_to_fp32,
     assert_close_to_reference,
@@ -116,10 +116,7 @@ def test_varlen_matches_each_sequence_alone(device, dtype, causal, gqa):
     k = (torch.randn(tk, hk, d, generator=g) + 2.0).to(dtype).to(device)
     v = torch.randn(tk, hk, d, generator=g).to(dtype).to(device)
 
-    def cu(lens):
-        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
-
-    o, lse = sa.sageattn_varlen(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+    o, lse = sa.sageattn_varlen(q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), max(lens_q), max(lens_k),
                                 is_causal=causal, return_lse=True)
     assert o.shape == q.shape and lse.shape == (hq, tq)
     sq = sk = 0
@@ -272,8 +269,6 @@ def test_torch_compile_fullgraph_traces_sageattn_varlen(device, return_lse, offs
     the same ValueError from inside the compiled call. Before the op, fullgraph failed on the
     data-dependent `cu_seqlens_q[0] != 0`, and without it (on the CPU, Triton's interpreter) dynamo
     traced into the kernels and failed."""
-    import itertools
-
     import torch._dynamo
 
     lens_q, lens_k = [5, 70, 0, 33], [9, 70, 4, 0]
@@ -282,8 +277,7 @@ def test_torch_compile_fullgraph_traces_sageattn_varlen(device, return_lse, offs
     k = (torch.randn(sum(lens_k), 2, 64, generator=g) + 1.0).to(torch.float16).to(device)
     v = torch.randn(sum(lens_k), 2, 64, generator=g).to(torch.float16).to(device)
     where = "cpu" if offsets_on == "cpu" else device
-    cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32, device=where)
-                  for n in (lens_q, lens_k))
+    cu_q, cu_k = cu_seqlens(lens_q, where), cu_seqlens(lens_k, where)
 
     def fn(q, k, v, cu_q, cu_k):
         return sa.sageattn_varlen(q, k, v, cu_q, cu_k, 70, 70, return_lse=return_lse)
@@ -314,13 +308,11 @@ def test_varlen_op_is_cudagraph_unsafe_for_inductor():
 
 def test_varlen_op_passes_opcheck(device):
     """The varlen custom op's schema, fake implementation and registration (torch.library.opcheck)."""
-    import itertools
-
     from sageattention import core
 
     lens = [3, 20, 9]
     q, k, v = (torch.randn(sum(lens), 2, 32, dtype=torch.float16, device=device) for _ in range(3))
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    cu = cu_seqlens(lens)
     for lse in (False, True):
         torch.library.opcheck(core._varlen, (q, k, v, cu, cu, 20, 20, True, 0.2, True, lse),
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
@@ -345,7 +337,7 @@ def test_packed_k_mean_is_each_sequences_own_mean(device, d):
     g = torch.Generator().manual_seed(d)
     kv = (torch.randn(sum(lens), 2, 3, d, generator=g) * 2 + 1).to(torch.bfloat16).to(device)
     k3 = kv[:, 0]  # rows two heads' worth apart: not contiguous
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=device)
+    cu = cu_seqlens(lens, device)
     km = packed_k_mean(k3, cu, max(lens))
     assert km.shape == (len(lens), 3, d) and km.dtype == torch.float32
     for b, (a, n) in enumerate(zip(cu[:-1].tolist(), lens)):

@@ -92,7 +92,7 @@ def extensions():
                     # the API level stays at our floor (3.10), the value torch's cpp_extension
                     # also defines (a second value would only warn, and lose); the wheel's tag
                     # may name a later Python (abi3 above)
-                    "cxx": ["-O3", f"-DPy_LIMITED_API={matrix.limited_api_hex(matrix.ABI3_FLOOR)}"] + defines,
+                    "cxx": ["-O3", f"-DPy_LIMITED_API={matrix.LIMITED_API}"] + defines,
                     "nvcc": ["-O3", "-lineinfo", f"--threads={threads}"]
                     + defines
                     + family.gencode(family_archs),

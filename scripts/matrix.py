@@ -74,6 +74,7 @@ def _load_build_module():
 variant = _load_build_module().variant  # 'torch2.11-cu130': row id and index folder
 
 ABI3_FLOOR = "3.10"  # the oldest Python any of our wheels serves (pyproject.toml's requires-python)
+LIMITED_API = "0x030A0000"  # Py_LIMITED_API for ABI3_FLOOR: the API level of every extension
 
 
 def _minor(python: str) -> int:
@@ -94,11 +95,6 @@ def abi3_python(torch_requires_python: Optional[str]) -> str:
 def python_tag(python: str) -> str:
     """'3.11' -> 'cp311': the interpreter part of an abi3 wheel's tag."""
     return f"cp3{_minor(python)}"
-
-
-def limited_api_hex(python: str) -> str:
-    """'3.11' -> '0x030B0000': Py_LIMITED_API for extensions that serve Pythons from ``python``."""
-    return f"0x03{_minor(python):02X}0000"
 
 
 def _python_range(spec: str) -> List[str]:

@@ -77,8 +77,7 @@ def test_a_wheel_serves_the_pythons_of_its_torch():
     assert matrix.abi3_python(None) == "3.10"  # a source build of torch has no metadata
     assert matrix.abi3_python(">=3.12,<3.16") == "3.12"
     assert (matrix.python_tag("3.11"), matrix.python_tag("3.10")) == ("cp311", "cp310")
-    assert int(matrix.limited_api_hex("3.11"), 16) == 0x030B0000
-    assert int(matrix.limited_api_hex("3.10"), 16) == 0x030A0000
+    assert int(matrix.LIMITED_API, 16) == 0x03000000 | int(matrix.ABI3_FLOOR.split(".")[1]) << 16
     assert M.row("torch2.15-cu132").abi3_python == "3.11" and M.row("torch2.14-cu130").abi3_python == "3.10"
 
 

@@ -1,5 +1,6 @@
-"""Run every compiled kernel over the compute-sanitizer case list: D in {64, 128} (and 256 for
-the Hopper kernel, whose D=256 variant loads Q and K rows in two spans),
+"""Run every compiled kernel over the compute-sanitizer case list: D in {64, 128} (and, for
+the Hopper kernel, 96, which runs 96 of the D=128 kernel's columns, and 256, whose variant
+loads Q and K rows in two spans),
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs). Above 128 keys the last KV head's V has an outlier on a
 key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
@@ -8,9 +9,10 @@ kernel (the last tile of each 32-channel group).
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python scripts/sanitize_cases.py
+    compute-sanitizer ... python scripts/sanitize_cases.py cuda_sm90 cuda_sm90_varlen d=96   # a subset
 
 The Hopper kernel's packed sequences (``cuda_sm90_varlen``: sageattn_varlen on an sm90 GPU):
-lengths 1, 17, 1000 and 4097 with an empty sequence and one without keys, at D 64, 128, 256.
+lengths 1, 17, 1000 and 4097 with an empty sequence and one without keys, at D 64, 96, 128, 256.
 
 Exits non-zero on a non-finite output as well (the sanitizer reports its own errors).
 """
@@ -36,7 +38,13 @@ MODES = [
 
 
 def main(argv=None) -> int:
-    only = set((argv if argv is not None else sys.argv[1:]))
+    args = argv if argv is not None else sys.argv[1:]
+    only = {a for a in args if not a.startswith("d=")}
+    wanted = {int(a[2:]) for a in args if a.startswith("d=")}  # head dims to run, or all
+
+    def pick(dims):
+        return [d for d in dims if not wanted or d in wanted]
+
     bad = 0
     for backend, opts in MODES:
         if only and backend not in only:
@@ -49,8 +57,8 @@ def main(argv=None) -> int:
         # (heads_q, heads_kv, N): the case list, plus one with more 128-row work tiles (8 x 40)
         # than the GPU has SMs, so that a persistent kernel walks several per CTA
         shapes = [(4, 2, n) for n in (1, 17, 1000, 4097)] + [(40, 8, 1000)]
-        dims = (64, 128, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (64, 128)
-        for d, (hq, hk, n), causal in itertools.product(dims, shapes, (False, True)):
+        dims = (64, 96, 128, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (64, 128)
+        for d, (hq, hk, n), causal in itertools.product(pick(dims), shapes, (False, True)):
             g = torch.Generator(device="cuda").manual_seed(n + d)
             q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
             k = torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -71,11 +79,11 @@ def main(argv=None) -> int:
             print(f"{backend} {opts} D={d} H={hq}/{hk} N={n} causal={causal}: {'ok' if fine else 'NON-FINITE'}",
                   flush=True)
     if not only or "cuda_sm90_varlen" in only:
-        bad += varlen_cases()
+        bad += varlen_cases(pick((64, 96, 128, 256)))
     return 1 if bad else 0
 
 
-def varlen_cases() -> int:
+def varlen_cases(dims) -> int:
     """sageattn_varlen on the Hopper kernel (these lengths run in several launches: dispatch.varlen_groups)."""
     ok, why = dispatch.backend_status("cuda_sm90", torch.cuda.get_device_capability())
     if not ok:
@@ -83,7 +91,7 @@ def varlen_cases() -> int:
         return 0
     bad = 0
     lens_q = [1, 17, 0, 1000, 4097, 33]
-    for d, causal in itertools.product((64, 128, 256), (False, True)):
+    for d, causal in itertools.product(dims, (False, True)):
         lens_k = lens_q if causal else [5, 17, 9, 1300, 4097, 0]
         g = torch.Generator(device="cuda").manual_seed(d)
         q = torch.randn(sum(lens_q), 4, d, device="cuda", dtype=torch.bfloat16, generator=g)

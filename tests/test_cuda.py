@@ -89,6 +89,68 @@ def test_sm90_output_paths(d, layout):
     assert_lse_close_to_reference(lse, rl)
 
 
+# (d, nq, nk, causal, layout): two consumers (up to 2047 keys) and three, O through TMA (rows of
+# 16-byte multiples; the second 64-column box clipped at d) and through plain stores (HND rows of
+# 130 and 180 bytes)
+NARROW_CASES = [(96, 1000, 1000, False, "HND"), (80, 1000, 777, True, "NHD"), (65, 333, 333, False, "HND"),
+                (72, 4100, 3000, False, "NHD"), (96, 9000, 9000, True, "HND"), (90, 2500, 3000, True, "HND")]
+
+
+def _narrow_and_wide(call, monkeypatch):
+    """`call` on the Hopper kernel computing 96 of D=128's columns (the default for head dims
+    65-96) and all 128 (SAGEATTN_SM90_NARROW=0): the kernel of each kind must be the one that
+    runs, and outputs and LSE must be the same bits (the columns left out hold the zero padding:
+    only products with zeros are skipped). Returns the narrow run."""
+    runs, columns = {}, {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("SAGEATTN_SM90_NARROW", mode)
+        runs[mode] = call()
+        columns[mode] = {da for _, _, _, da in _sm90_kernels(call)}
+    assert columns == {"0": {128}, "1": {96}}, columns
+    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between 96 and 128 columns"
+    assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between 96 and 128 columns"
+    return runs["1"]
+
+
+@pytest.mark.parametrize("d,nq,nk,causal,layout", NARROW_CASES)
+def test_sm90_narrow_heads_skip_the_padding(d, nq, nk, causal, layout, monkeypatch):
+    """Head dims 65-96 arrive at the Hopper kernel zero-padded to 128; it computes 96 columns
+    (QK^T over 3 of its 4 k-steps, 96 rows of V^T, then the ones of the row sums): the same
+    bits as the full width, GQA, Nq != Nk, partial tiles; and the reference's numbers."""
+    fn, ext = _need(SM90)
+    q, k, v = make_qkv(2, 8, 2, nq, nk, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d + nq)
+    o, lse = _narrow_and_wide(lambda: fn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True),
+                              monkeypatch)
+    opts = cuda_defaults(SM90)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
+    ro, rl = attention_quantized(q, k, v, layout, causal, None, True, cfg)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 d={d} on 96 columns", fp8=True)
+    assert_lse_close_to_reference(lse, rl)
+
+
+def test_sm90_narrow_heads_on_cluster_pairs(monkeypatch):
+    """Pairs of CTAs (each loads 48 of the 96 V^T rows and multicasts them) give the bits of one
+    CTA per SM at d=96, and those are the bits of the full width."""
+    fn, _ = _need(SM90)
+    q, k, v = make_qkv(3, 40, 8, 4100, 3000, 96, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=9)
+    call = lambda: fn(q, k, v, return_lse=True)  # noqa: E731
+    paired = _single_and_paired(call, monkeypatch, columns=96)
+    monkeypatch.setenv("SAGEATTN_SM90_NARROW", "0")
+    wide = call()
+    assert torch.equal(paired[0], wide[0]) and torch.equal(paired[1], wide[1])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sm90_narrow_heads_packed(causal, monkeypatch):
+    """sageattn_varlen at d=80 (packed sequences: their own instance of the kernel) on 96
+    columns: the bits of 128."""
+    _on_kernel(monkeypatch)
+    lens = [300, 1, 2200, 64, 0, 777]
+    q, k, v, cu_q, cu_k = _packed(lens, lens, 8, 2, 80, torch.bfloat16, seed=5)
+    _narrow_and_wide(lambda: sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), is_causal=causal,
+                                                return_lse=True), monkeypatch)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
@@ -113,20 +175,25 @@ def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
     assert_lse_close_to_reference(runs["1"][1], rl)
 
 
-def _sm90_d128_variants(fn):
-    """The Hopper D=128 three-consumer kernels `fn` launches: their CTA template argument
-    (1: one CTA per SM, 2: pairs of CTAs sharing K and V), from the profiler's kernel names."""
+def _sm90_kernels(fn):
+    """The Hopper kernels `fn` launches, as (D, consumers, CTAs per cluster, columns computed)
+    tuples from the profiler's kernel names (attn_sm90_kernel<D, NC, out, CL, VX, VL, DA>)."""
     import re
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
-    pattern = r"attn_sm90_kernel<128, 3, \w+, (\d), \d(?:, (?:false|true))?>"  # (D, NC, out, CL, VX, VL)
-    return {int(m.group(1)) for n in names for m in [re.search(pattern, n)] if m}
+    pattern = r"attn_sm90_kernel<(\d+), (\d), \w+, (\d), \d, (?:false|true), (\d+)>"
+    return {tuple(map(int, m.groups())) for e in prof.events() for m in [re.search(pattern, e.name)] if m}
 
 
-def _single_and_paired(call, monkeypatch):
+def _sm90_d128_variants(fn, columns=128):
+    """The Hopper D=128 three-consumer kernels `fn` launches (computing `columns` of D=128's
+    columns): their CTA template argument (1: one CTA per SM, 2: pairs of CTAs sharing K and V)."""
+    return {cl for d, nc, cl, da in _sm90_kernels(fn) if (d, nc, da) == (128, 3, columns)}
+
+
+def _single_and_paired(call, monkeypatch, columns=128):
     """`call` with pairs of CTAs off and on (SAGEATTN_SM90_CLUSTER=0 / 1): the D=128
     three-consumer kernel of each kind must be the one that runs (pairs: on a 132-SM H100, whose
     GPCs pair up), and outputs and LSE must be the same bits. Returns the paired run."""
@@ -134,7 +201,7 @@ def _single_and_paired(call, monkeypatch):
     for mode in ("0", "1"):
         monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", mode)
         runs[mode] = call()
-        used[mode] = _sm90_d128_variants(call)
+        used[mode] = _sm90_d128_variants(call, columns)
     assert used["0"] == {1}, f"SAGEATTN_SM90_CLUSTER=0 launched {used['0']}"
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert used["1"] == {2}, f"the paired kernel did not run on a 132-SM H100: {used['1']}"
@@ -163,7 +230,8 @@ def test_sm90_cluster_pairs_agree(dtype, layout, monkeypatch):
 
 
 V_TERMS_CASES = [(64, 1000, 1000, False, "HND"), (64, 1000, 1000, True, "NHD"), (128, 1000, 777, False, "NHD"),
-                 (128, 1000, 1000, True, "HND"), (128, 2500, 3000, False, "HND"), (128, 9000, 9000, True, "NHD")]
+                 (128, 1000, 1000, True, "HND"), (128, 2500, 3000, False, "HND"), (128, 9000, 9000, True, "NHD"),
+                 (96, 2500, 3000, True, "NHD")]
 
 
 @pytest.mark.parametrize("d,nq,nk,causal,layout", V_TERMS_CASES)

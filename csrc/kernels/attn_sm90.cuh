@@ -68,9 +68,15 @@ struct Sm90Args {
 #define SAGE_SM90_NC3_KEYS_CAUSAL 8192
 #endif
 
-template <int D, int NC, int VX = 1>
+// DA: the columns computed, D's buffers otherwise. Head dims 65-96 arrive zero-padded to 128
+// (the quantized Q, K and V^T buffers and their tensor maps are D=128's) and run with DA = 96:
+// QK^T over 3 of the 4 32-byte k-steps (the fourth would add the padding's zeros), V^T tiles
+// of 96 rows (then the ones), O and the PV product 96 columns wide. Same results as D=128,
+// bit for bit: only products with zeros are left out.
+template <int D, int NC, int VX = 1, int DA = D>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128 || D == 256, "native head dims");
+  static_assert(DA == D || (D == 128 && DA == 96 && VX == 1), "96 of D=128's columns, one V term");
   static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
   static_assert(VX == 1 || VX == 2, "V as one e4m3 term or two");
   static_assert(D != 256 || (NC == 2 && VX == 1), "D=256: two consumers (O alone is 128 registers), one V term");
@@ -97,7 +103,7 @@ struct Sm90Shape {
   // per row at D <= 128; at D=256 two, each span of a tile a [rows, 128] block of its own
   static constexpr int kSpan = D == 64 ? 64 : 128, kSpans = D / kSpan;
   static constexpr int kQKSwizzle = kSpan;
-  static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = D * kBK;
+  static constexpr int kQBytes = kBQ * D, kKBytes = kBK * D, kVBytes = DA * kBK;
   // Each V^T stage is followed by 8 rows of e4m3 ones (written once): the PV product over
   // D + 8 rows gives O and, in its last 8 columns, the row sums of the e4m3 P it multiplied.
   // With V in two terms (VX = 2) the stage holds V^T's e4m3 rounding and those ones, then the
@@ -179,11 +185,12 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 // clock: bench/NOTES.md). The consumers are the same.
 // VL: packed sequences (p.seq_q, p.seq_k), built apart so that the other instances keep their
 // registers (per-tile key counts cost the D=128 three-consumer loop 52 bytes more spill).
-template <int D, int NCONS, typename OutT, int CL = 1, int VX = 1, bool VL = false>
-__global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
+// DA < D: the columns computed (Sm90Shape).
+template <int D, int NCONS, typename OutT, int CL = 1, int VX = 1, bool VL = false, int DA = D>
+__global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn_sm90_kernel(const __grid_constant__ Sm90Args a, const int tiles) {
   static_assert(CL == 1 || CL == 2, "one CTA, or a pair sharing K and V");
   static_assert(!VL || (CL == 1 && VX == 1), "packed sequences: no clusters, one V term");
-  using S = Sm90Shape<D, NCONS, VX>;
+  using S = Sm90Shape<D, NCONS, VX, DA>;
   constexpr int ST = S::kStages, BK = S::kBK, NC = S::kNC;
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   static_assert(BK == 128, "the row maxima below take 16 scores per row and 64-key half");
@@ -313,9 +320,9 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           }
           mbar_expect_tx(&full_v[st], VX * S::kVBytes);
 #pragma unroll
-          for (int tm = 0; tm < VX; ++tm)  // V^T rows of term tm: (bhk * VX + tm) * D on
+          for (int tm = 0; tm < VX; ++tm)  // V^T rows of term tm: (bhk * VX + tm) * D on, DA of them
             load_kv(smem + S::kOffV + st * S::kVStride + tm * S::kVTerm + rank * (S::kVBytes / CL), &a.tv, kb * BK,
-                    static_cast<int>((bhk * VX + tm) * D + rank * (D / CL)), &full_v[st]);
+                    static_cast<int>((bhk * VX + tm) * D + rank * (DA / CL)), &full_v[st]);
         }
         w = next_tile(w);
       }
@@ -327,7 +334,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
     const int nwb = p.nq_pad / kAttnWarpQ;
     const int k_groups = p.k_groups;
     const bool causal = p.causal != 0;
-    const bool pairs = out_pairs_ok(p, D);
+    const bool pairs = out_pairs_ok(p, DA);
 
     // Ping-pong: the consumers take turns issuing their GEMMs in a ring (named barriers 1 to
     // NC; consumer cw waits on barrier 1 + cw, which the consumer before it arrives on), so
@@ -374,11 +381,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       const float* ksp = p.k_scale + bhk * (p.nk_pad / kAttnBlockK) * k_groups + (k_groups == 4 ? t : 0);
       const uint32_t dq = kmajor_desc_lo<S::kQKSwizzle>(smem_addr(smem + qb * S::kQBytes + cw * 64 * S::kSpan));
 
-      float o[D / 2];
-      float blk[D / 2 + 4];  // (unused with kSplitPV) PV of one tile and the row sums of its P (written by the tensor cores)
+      float o[DA / 2];
+      float blk[DA / 2 + 4];  // (unused with kSplitPV) PV of one tile and the row sums of its P (written by the tensor cores)
       int32_t sacc[NACC];  // S of one tile (written by the tensor cores)
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      for (int i = 0; i < DA / 2; ++i) o[i] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
       uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
 
@@ -405,8 +412,8 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         wgmma_commit();
       };
       // O = O * alpha + acc, acc (complete) holding output columns from 2 * o0 on. The part
-      // that ends in the ones columns (last) also gives the row sums (columns D + 2t and
-      // D + 2t + 1, equal: rows g and g + 8), and then P and the V slot are done with.
+      // that ends in the ones columns (last) also gives the row sums (columns DA + 2t and
+      // DA + 2t + 1, equal: rows g and g + 8), and then P and the V slot are done with.
       auto fold = [&](auto& acc, int o0, bool last) {
         constexpr int L = static_cast<int>(sizeof(acc) / sizeof(acc[0]));
 #pragma unroll
@@ -420,15 +427,15 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           if (lane == 0) mbar_arrive(&empty[pst]);  // K and V of this slot are consumed
         }
 #pragma unroll
-        for (int i = 0; i < L && o0 + i < D / 2; ++i) o[o0 + i] = o[o0 + i] * alpha[(i >> 1) & 1] + acc[i];
+        for (int i = 0; i < L && o0 + i < DA / 2; ++i) o[o0 + i] = o[o0 + i] * alpha[(i >> 1) & 1] + acc[i];
         if (last) {
           l[0] = l[0] * alpha[0] + acc[L - 4];
           l[1] = l[1] * alpha[1] + acc[L - 2];
         }
       };
-      // Split PV (kSplitPV): columns 0 to D/2 - 1 waited for and folded, then the rest and the sums.
+      // Split PV (kSplitPV): columns 0 to DA/2 - 1 waited for and folded, then the rest and the sums.
       auto split_pv = [&]() {
-        constexpr int H = S::kSplitPV ? D / 2 : 64;  // (a width with a wrapper where it is not used)
+        constexpr int H = S::kSplitPV ? DA / 2 : 64;  // (a width with a wrapper where it is not used)
         float ba[H / 2], bb[H / 2 + 4];
         issue_pv(ba, 0);
         wgmma_wait<0>();
@@ -471,7 +478,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         }
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < D / 32; ++ks) {
+        for (int ks = 0; ks < DA / 32; ++ks) {
           // 32 bytes of each row per step; past the first span, the next [rows, kSpan] block
           constexpr int SW = S::kQKSwizzle, KPS = S::kSpan / 32;
           const uint32_t oq = 2 * (ks % KPS) + (ks / KPS) * ((S::kBQ * S::kSpan) >> 4);
@@ -574,10 +581,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
       // it), all at once:
       // loaded in the store loop below, each load waited behind the previous store (which
       // may alias it), one L2 round trip per column pair, ~9 us per work tile in all (ncu).
-      float2 vs[D / 8];
+      float2 vs[DA / 8];
       const float* vsc = p.v_scale + bhk * D;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
+      for (int j = 0; j < DA / 8; ++j) vs[j] = __ldg(reinterpret_cast<const float2*>(vsc + 8 * j + 2 * t));
       if constexpr (!S::kSplitPV) {
         wgmma_wait<0>();
         fold(blk, 0, true);
@@ -620,7 +627,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           // row r of this consumer's 64 (r % 8 == g): its 16-byte chunk c sits at chunk c ^ g
           const uint32_t rbase = ostage_s + (warp * 16 + g + 8 * hr) * 128 + 16 * g + 4 * t;
 #pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
+          for (int j = 0; j < DA / 8; ++j) {
             const float2 v = out2(j, hr);
             st_shared_xor(rbase + (j / 8) * S::kOBox, 16 * (j % 8), pack2<OutT>(v.x, v.y));
           }
@@ -629,7 +636,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
         named_bar_sync<128>(1 + NC + cw);
         if (tid % 128 == 0 && (NC == 2 || tl.q0 + cw * 64 < p.nq)) {
 #pragma unroll
-          for (int bx = 0; bx < D / 64; ++bx)
+          for (int bx = 0; bx < (DA + 63) / 64; ++bx)  // (DA = 96: columns past d_out are clipped)
             tma_store_4d(&a.to, ostage + bx * S::kOBox, 64 * bx, (VL ? p.seq_q[b] : 0) + tl.q0 + cw * 64, h, VL ? 0 : b);
           bulk_commit();
         }
@@ -642,7 +649,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
           if (row >= (VL ? tl.nq : p.nq)) continue;
           OutT* orow = ob + static_cast<int64_t>(row) * p.o_stride_n;
 #pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
+          for (int j = 0; j < DA / 8; ++j) {
             const float2 v = out2(j, hr);
             store_out2(orow, 8 * j + 2 * t, v.x, v.y, pairs, p.d_out);
           }
@@ -657,7 +664,8 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX>::kThreads, 1) attn_sm9
 // of a tile: kv_parts CTAs load one tile together), the persistent grid size (the SMs of the
 // current device, at most `tiles`; 0 on error), the consumer count, and whether a call may run
 // on clusters of two (the kernel's CL = 2; SAGEATTN_SM90_CLUSTER=0 or 1 decides, for A/B runs).
-cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int q_rows, int kv_parts, Sm90Args& a);
+// (v_rows: the V^T rows of a head the kernel reads, DA)
+cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int v_rows, int q_rows, int kv_parts, Sm90Args& a);
 int sm90_grid(int64_t tiles);
 int sm90_consumers(const AttnParams& p, int head_dim);
 bool sm90_cluster_ok(const AttnParams& p, int bq, int64_t tiles, int grid);
@@ -667,15 +675,15 @@ inline int64_t sm90_tiles(const AttnParams& p, int bq) {
   return static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
 }
 
-template <int D, int NC, int CL, int VX, bool VL = false>
+template <int D, int NC, int CL, int VX, bool VL = false, int DA = D>
 cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, int tiles) {
-  using S = Sm90Shape<D, NC, VX>;
+  using S = Sm90Shape<D, NC, VX, DA>;
   Sm90Args a;
   a.p = p;
-  cudaError_t err = sm90_make_maps(p, D, S::kBQ, CL, a);
+  cudaError_t err = sm90_make_maps(p, D, DA, S::kBQ, CL, a);
   if (err != cudaSuccess) return err;
-  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL, VX, VL>
-                                              : attn_sm90_kernel<D, NC, __half, CL, VX, VL>;
+  auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL, VX, VL, DA>
+                                              : attn_sm90_kernel<D, NC, __half, CL, VX, VL, DA>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (err != cudaSuccess) return err;
   return launch_pdl_cluster(CL, kernel, dim3(grid), dim3(S::kThreads), S::kSmem, stream, a, tiles);
@@ -684,14 +692,14 @@ cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, in
 // How many two-CTA clusters of the CL = 2 kernel fit on the current device at once (cached per
 // device; 0 when the driver says none or cannot say): the persistent grid needs all its pairs
 // resident (the SMs of a GPC pair up; a GPC with an odd count leaves one SM out).
-template <int D, int NC, int VX>
+template <int D, int NC, int VX, int DA = D>
 int sm90_resident_pairs() {
-  using S = Sm90Shape<D, NC, VX>;
+  using S = Sm90Shape<D, NC, VX, DA>;
   static int cached[64];  // pairs + 1; 0: not asked yet
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
   if (dev < 64 && cached[dev] > 0) return cached[dev] - 1;
-  auto kernel = attn_sm90_kernel<D, NC, __nv_bfloat16, 2, VX>;  // the __half one has the same resources
+  auto kernel = attn_sm90_kernel<D, NC, __nv_bfloat16, 2, VX, false, DA>;  // the __half one has the same resources
   int n = 0;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(2), cfg.blockDim = dim3(S::kThreads), cfg.dynamicSmemBytes = S::kSmem;
@@ -706,9 +714,9 @@ int sm90_resident_pairs() {
   return n;
 }
 
-template <int D, int NC, int VX>
+template <int D, int NC, int VX, int DA = D>
 cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
-  using S = Sm90Shape<D, NC, VX>;
+  using S = Sm90Shape<D, NC, VX, DA>;
   const int64_t tiles = sm90_tiles(p, S::kBQ);
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
   // Causal tiles differ in length (1 to nk/128 key tiles): a fixed stride over the SMs leaves
@@ -718,28 +726,32 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   const int grid = p.causal && !p.tile_counter ? static_cast<int>(tiles) : sm90_grid(tiles);
   if (grid <= 0) return cudaErrorInvalidDevice;
   if (p.seq_q) {  // packed sequences (attn_sm90 checked: the tile counter, one V term)
-    if constexpr (VX == 1) return attn_sm90_run<D, NC, 1, 1, true>(p, stream, grid, static_cast<int>(tiles));
+    if constexpr (VX == 1) return attn_sm90_run<D, NC, 1, 1, true, DA>(p, stream, grid, static_cast<int>(tiles));
     else return cudaErrorInvalidValue;
   }
   // pairs of CTAs sharing K and V: D=128 with three consumers (long sequences), the only shape
   // where it was measured to pay (bench/NOTES.md)
   if constexpr (D == 128 && NC == 3) {
-    if (sm90_cluster_ok(p, S::kBQ, tiles, grid) && 2 * sm90_resident_pairs<D, NC, VX>() >= grid)
-      return attn_sm90_run<D, NC, 2, VX>(p, stream, grid, static_cast<int>(tiles));
+    if (sm90_cluster_ok(p, S::kBQ, tiles, grid) && 2 * sm90_resident_pairs<D, NC, VX, DA>() >= grid)
+      return attn_sm90_run<D, NC, 2, VX, false, DA>(p, stream, grid, static_cast<int>(tiles));
   }
-  return attn_sm90_run<D, NC, 1, VX>(p, stream, grid, static_cast<int>(tiles));
+  return attn_sm90_run<D, NC, 1, VX, false, DA>(p, stream, grid, static_cast<int>(tiles));
 }
 
-template <int D, int VX>
+template <int D, int VX, int DA = D>
 cudaError_t attn_sm90_dv(const AttnParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     return attn_sm90_launch<D, 3, VX>(p, stream);
   } else if constexpr (D == 256) {
     return attn_sm90_launch<D, 2, VX>(p, stream);
   } else {
-    return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3, VX>(p, stream) : attn_sm90_launch<D, 2, VX>(p, stream);
+    return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3, VX, DA>(p, stream)
+                                     : attn_sm90_launch<D, 2, VX, DA>(p, stream);
   }
 }
+
+// head dims 65-96: D=128's buffers, 96 columns computed, one V term (attn_sm90_d96.cu)
+cudaError_t attn_sm90_d96(const AttnParams& p, cudaStream_t stream);
 
 template <int D>
 cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {

@@ -7,7 +7,7 @@
 
 namespace sage {
 
-// instantiated in attn_sm90_d{64,128,256}.cu
+// instantiated in attn_sm90_d{64,128,256}.cu; attn_sm90_d96 is defined in attn_sm90_d96.cu
 extern template cudaError_t attn_sm90_d<64>(const AttnParams&, cudaStream_t);
 extern template cudaError_t attn_sm90_d<128>(const AttnParams&, cudaStream_t);
 extern template cudaError_t attn_sm90_d<256>(const AttnParams&, cudaStream_t);
@@ -67,7 +67,7 @@ bool encode_o(CUtensorMap* m, const AttnParams& p) {
 
 }  // namespace
 
-cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_parts, Sm90Args& a) {
+cudaError_t sm90_make_maps(const AttnParams& p, int d, int v_box_rows, int q_box_rows, int kv_parts, Sm90Args& a) {
   // Q and K rows in spans of 64 bytes (D=64) or 128 (D=128; D=256 in two boxes per tile)
   const uint32_t span = d == 64 ? 64 : 128;
   const CUtensorMapSwizzle qk_swizzle = span == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
@@ -76,7 +76,7 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, int q_box_rows, int kv_pa
   const uint64_t v_rows = static_cast<uint64_t>(p.batch) * p.heads_kv * (p.v_terms == 2 ? 2 : 1) * d;
   const bool ok = encode_2d(&a.tq, p.q, q_rows, d, q_box_rows, span, qk_swizzle) &&
                   encode_2d(&a.tk, p.k, kv_rows, d, kSm90BlockK / kv_parts, span, qk_swizzle) &&
-                  encode_2d(&a.tv, p.v, v_rows, p.nk_pad, d / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
+                  encode_2d(&a.tv, p.v, v_rows, p.nk_pad, v_box_rows / kv_parts, kSm90BlockK, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return cudaErrorNotSupported;
   a.o_tma = encode_o(&a.to, p) ? 1 : 0;
 #ifdef SAGE_SM90_NO_OTMA  // experiments: the plain-store epilogue everywhere
@@ -126,6 +126,15 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   return counter && grid > 0 ? 1 + 2 * grid : 0;  // the counter, then two tile indices per CTA
 }
 
+// Head dims 65-96 (zero-padded to 128) skip the padding's columns (attn_sm90_d96), except with
+// V in two terms. SAGEATTN_SM90_NARROW=0 runs them on all 128, for A/B runs and the tests that
+// hold both to the same bits (read per call).
+static bool narrow_ok(const AttnParams& p) {
+  if (p.d_out > 96 || p.v_terms == 2) return false;
+  const char* e = std::getenv("SAGEATTN_SM90_NARROW");
+  return !(e && e[0] == '0' && e[1] == '\0');
+}
+
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
       p.nq_pad % 128 != 0 || p.v_terms < 0 || p.v_terms > 2 || !p.seq_q != !p.seq_k ||
@@ -134,7 +143,7 @@ cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;
   switch (head_dim) {
     case 64: return attn_sm90_d<64>(p, stream);
-    case 128: return attn_sm90_d<128>(p, stream);
+    case 128: return narrow_ok(p) ? attn_sm90_d96(p, stream) : attn_sm90_d<128>(p, stream);
     case 256: return attn_sm90_d<256>(p, stream);
     default: return cudaErrorInvalidValue;
   }

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import sageattention as sa
-from helpers import FP8_BACKENDS, capture, cu_seqlens, cuda_defaults, hostile_qkv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
+from helpers import FP8_BACKENDS, capture, cu_seqlens, cuda_defaults, hostile_qkv, visible_kv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, dispatch
 from sageattention.reference import AMAX_EPS, attention_exact, attention_quantized, k_sample_index
 
@@ -123,7 +123,7 @@ def test_sm90_narrow_heads_skip_the_padding(d, nq, nk, causal, layout, monkeypat
                               monkeypatch)
     opts = cuda_defaults(SM90)
     cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
-    ro, rl = attention_quantized(q, k, v, layout, causal, None, True, cfg)
+    ro, rl = attention_quantized(q, *visible_kv(q, k, v, layout, causal), layout, causal, None, True, cfg)
     assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 d={d} on 96 columns", fp8=True)
     assert_lse_close_to_reference(lse, rl)
 
@@ -248,7 +248,7 @@ def test_sm90_v_two_terms_against_reference(d, nq, nk, causal, layout):
     opts = cuda_defaults(SM90)
     cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16,
                                  v_fp8_terms=2)
-    ro, rl = attention_quantized(q, k, v, layout, causal, None, True, cfg)
+    ro, rl = attention_quantized(q, *visible_kv(q, k, v, layout, causal), layout, causal, None, True, cfg)
     assert_close_to_reference(o2, ro, torch.bfloat16, f"sm90 two V terms d={d} {layout}", fp8=True)
     assert_lse_close_to_reference(lse2, rl)
     exact = sdpa_fp32(q, k, v, layout, causal)

@@ -285,7 +285,9 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # the padded set again with those lengths (not used to set them)
                     "2026-11-24-NVIDIA_H100_80GB_HBM3-c3650a3-crossover-padded": 62,
                     # both sets on the H200, with the limits of c3650a3
-                    "2026-11-24-NVIDIA_H200-a85d959-crossover-padded-gqa-small": 94})
+                    "2026-11-24-NVIDIA_H200-a85d959-crossover-padded-gqa-small": 94,
+                    # both padded sets again since D=65-96 compute 96 columns (29a7f3d), same limits
+                    "2026-11-25-NVIDIA_H100_80GB_HBM3-29a7f3d-crossover-padded-causal-padded": 79})
 # the one measured shape outside 6 %: on the H200, whose faster memory moves the crossover to
 # shorter calls than the H100's limits (2 x 24 / 8 heads x 2048^2 = 2^27.6 pairs, under the 2^28
 # size limit: handed over with the kernel 7 % faster there, 1 % slower on the H100 (8e86603))

@@ -146,6 +146,14 @@ def commit() -> str:
         return "unknown"
 
 
+def switches() -> str:
+    """The kernel switches set in this process's environment (SAGEATTN_*, e.g.
+    SAGEATTN_SM90_NARROW=0; SAGEATTN_COMMIT, which only names the run, left out), written as a
+    command-line prefix, so that a recorded command says which side of an A/B run it was."""
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("SAGEATTN_") and k != "SAGEATTN_COMMIT")
+    return "".join(f"{k}={v} " for k, v in env)
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -345,7 +353,7 @@ def main(argv=None):
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": __import__("triton").__version__,
-        "command": "python bench/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": switches() + "python bench/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "order": args.order,
         "flush": args.flush,
         "dispatch": sa.dispatch.choose(torch.device("cuda")).backend,

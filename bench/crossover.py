@@ -226,7 +226,7 @@ def main(argv=None):
     kname, rows = run(args.set, args.repeats, args.lse)
     lse = " --lse" if args.lse else ""
     text = (f"# Crossover: quantized kernel against SDPA{', with the LSE' if args.lse else ''} ({device}, {date})\n\n"
-            f"Command: `python bench/crossover.py --set {' '.join(args.set)}{lse} --repeats {args.repeats}` "
+            f"Command: `{B.switches()}python bench/crossover.py --set {' '.join(args.set)}{lse} --repeats {args.repeats}` "
             f"(commit {B.commit()}, torch {torch.__version__}).\n\n" + markdown(kname, rows, args.repeats))
     path = B.record(text, args.out, date, device, "-".join(["crossover"] + (["lse"] if args.lse else []) + args.set))
     path.with_suffix(".json").write_text(json.dumps(dict(device=device, date=date, commit=B.commit(), rows=rows),

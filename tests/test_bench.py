@@ -1,6 +1,7 @@
 """bench/bench.py's timing order and bench/power.py's energy arithmetic (no GPU needed)."""
 
 import importlib.util
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -360,3 +361,16 @@ def test_shapes_in_words():
     assert bench.shapes([{"h": 32}]) == "bf16, B=4, H=32 (B=1 at 32k)"  # a run recorded before the flags
     assert bench.shapes([{"h": 32, "hkv": 32, "layout": "HND"}]) == "bf16, B=4, H=32 (B=1 at 32k)"
     assert bench.shapes([{"h": 32, "hkv": 8, "layout": "NHD"}]) == "bf16, NHD, B=4, H=32, 8 K/V heads (B=1 at 32k)"
+
+
+def test_recorded_commands_name_the_kernel_switches(monkeypatch):
+    """A run made with a kernel switch set (an A/B side) records it in front of its command;
+    SAGEATTN_COMMIT only names the run and is left out."""
+    for k in [k for k in os.environ if k.startswith("SAGEATTN_")]:
+        monkeypatch.delenv(k)
+    assert bench.switches() == ""
+    monkeypatch.setenv("SAGEATTN_COMMIT", "abc1234")
+    monkeypatch.setenv("SAGEATTN_SM90_NARROW", "0")
+    monkeypatch.setenv("SAGEATTN_NO_PDL", "1")
+    monkeypatch.setenv("OTHER_SETTING", "x")
+    assert bench.switches() == "SAGEATTN_NO_PDL=1 SAGEATTN_SM90_NARROW=0 "

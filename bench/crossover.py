@@ -1,6 +1,7 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide causal-rect gqa gqa-small padded padded-causal]
+    python bench/crossover.py [--set square rect check wide wide-narrow causal-rect gqa gqa-small padded
+                               padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -16,7 +17,9 @@ long Nk, as in chunked prefill, and long Nq against short Nk, as in a video mode
 cross-attention to its text tokens) were measured to set sageattn's short-call limits on sm90
 (dispatch.HAND_OVER); ``check`` holds other shapes (B x H, lengths, D=96, GQA) to test those
 limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
-4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length;
+4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length, and
+``wide-narrow`` (D 160 and 192, N 2048 to 8192) the lengths for 129-192, which the kernel runs
+on 192 of D=256's columns;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
@@ -60,6 +63,10 @@ CHECK = (
 
 WIDE_N = (1024, 2048, 3072, 4096, 8192)
 WIDE = [(b, h, h, n, n, d, c) for d in (256, 192, 160) for c in (False, True) for b, h in SQUARE_BH for n in WIDE_N]
+# head dims 129-192 since the kernel computes 192 of D=256's columns for them: lengths around
+# where it should now pass cuDNN (``wide`` put the full width's crossover between 4096 and 8192)
+WIDE_NARROW = [(b, h, h, n, n, d, c) for d in (192, 160) for c in (False, True) for b, h in SQUARE_BH
+               for n in (2048, 3072, 4096, 6144, 8192)]
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -88,6 +95,7 @@ SETS = {
     "rect": [(2, 24, 24, nq, nk, 128, False) for nq, nk in RECT],
     "check": CHECK,
     "wide": WIDE,
+    "wide-narrow": WIDE_NARROW,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

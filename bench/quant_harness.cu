@@ -8,7 +8,7 @@
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DSAGE_SM90 -DSAGE_FP8 \
 //     -Icsrc/kernels bench/quant_harness.cu csrc/kernels/quant_qkv.cu csrc/kernels/attn_sm90_host.cu \
 //     csrc/kernels/attn_sm90_d64.cu csrc/kernels/attn_sm90_d96.cu csrc/kernels/attn_sm90_d128.cu \
-//     csrc/kernels/attn_sm90_d256.cu -o /tmp/qh
+//     csrc/kernels/attn_sm90_d192.cu csrc/kernels/attn_sm90_d256.cu -o /tmp/qh
 //   /tmp/qh D B H N [v_full] [iters]      e.g. /tmp/qh 128 4 32 1024
 //
 // v_full: 1 = the statistics read all of V, 0 (default, what sageattn asks for) = the sample

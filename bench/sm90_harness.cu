@@ -6,12 +6,13 @@
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DSAGE_SM90 -DSAGE_FP8 \
 //     -Icsrc/kernels bench/sm90_harness.cu csrc/kernels/attn_sm90_host.cu \
 //     csrc/kernels/attn_sm90_d64.cu csrc/kernels/attn_sm90_d96.cu csrc/kernels/attn_sm90_d128.cu \
-//     csrc/kernels/attn_sm90_d256.cu -o /tmp/h
+//     csrc/kernels/attn_sm90_d192.cu csrc/kernels/attn_sm90_d256.cu -o /tmp/h
 //   /tmp/h D B H N [causal] [iters]      e.g. /tmp/h 128 1 32 16384
 //
 // Prints the kernel's median time and TOPS (4*B*H*N^2*D operations, halved when causal).
-// SAGE_HARNESS_DOUT=96 with D=128: a head dim of 96 zero-padded to 128, as sageattn passes it
-// (the kernel then computes 96 columns, or all 128 with SAGEATTN_SM90_NARROW=0: same checksum).
+// SAGE_HARNESS_DOUT=96 with D=128 (or 192 with D=256): a head dim of 96 zero-padded to 128, as
+// sageattn passes it (the kernel then computes 96 columns, or all 128 with
+// SAGEATTN_SM90_NARROW=0: same checksum; likewise 192 of 256).
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -12,8 +12,8 @@
 OUT=${OUT:-/tmp/xout}; mkdir -p "$OUT"
 FL="-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DSAGE_SM90 -DSAGE_FP8 -Icsrc/kernels"
 for vv in $VARS; do IFS=: read -r n d f <<< "$vv"
-  if [ "${HARNESS:-attn}" = quant ]; then srcs="bench/quant_harness.cu $d/quant_qkv.cu $d/attn_sm90_host.cu $d/attn_sm90_d64.cu $d/attn_sm90_d96.cu $d/attn_sm90_d128.cu $d/attn_sm90_d256.cu"
-  else srcs="bench/sm90_harness.cu $d/attn_sm90_host.cu $d/attn_sm90_d64.cu $d/attn_sm90_d96.cu $d/attn_sm90_d128.cu $d/attn_sm90_d256.cu"; fi
+  if [ "${HARNESS:-attn}" = quant ]; then srcs="bench/quant_harness.cu $d/quant_qkv.cu $d/attn_sm90_host.cu $d/attn_sm90_d64.cu $d/attn_sm90_d96.cu $d/attn_sm90_d128.cu $d/attn_sm90_d192.cu $d/attn_sm90_d256.cu"
+  else srcs="bench/sm90_harness.cu $d/attn_sm90_host.cu $d/attn_sm90_d64.cu $d/attn_sm90_d96.cu $d/attn_sm90_d128.cu $d/attn_sm90_d192.cu $d/attn_sm90_d256.cu"; fi
   (nvcc $FL ${f//,/ } $srcs -o "$OUT/h_$n" > "$OUT/build_$n.log" 2>&1 || echo "build $n failed") &
 done; wait
 if [ "${HARNESS:-attn}" = quant ]; then  # D B H N [v_full] [iters]

@@ -99,7 +99,7 @@ FAMILIES: Tuple[Family, ...] = (
         min_arch=(9, 0),
         min_nvcc=(12, 0),
         kernel_files=("quant_int8.cu", "quant_fp8.cu", "quant_qkv.cu", "attn_sm90_host.cu", "attn_sm90_d64.cu",
-                      "attn_sm90_d96.cu", "attn_sm90_d128.cu", "attn_sm90_d256.cu"),
+                      "attn_sm90_d96.cu", "attn_sm90_d128.cu", "attn_sm90_d192.cu", "attn_sm90_d256.cu"),
         defines=("SAGE_FP8", "SAGE_SM90"),
         why="wgmma with fp8 operands and TMA for sm_90a",
         max_arch=(9, 0),

@@ -24,8 +24,8 @@ OPS = (
     # V^T with 8 rows of ones, whose columns of the product are the row sums of P. With three
     # consumers at D=128 the product goes in two halves: N = 64, then 64 + 8; at D=256 too:
     # N = 128, then 128 + 8. Head dims 65-96 use 96 of D=128's columns: N = 96 + 8, or the
-    # halves 48 and 48 + 8
-    ("wgmma_e4m3_rs", 32, "float", "f", "f32.e4m3.e4m3", True, ", 1, 1", (48, 56, 64, 72, 104, 128, 136)),
+    # halves 48 and 48 + 8; head dims 129-192 use 192 of D=256's: the halves 96 and 96 + 8
+    ("wgmma_e4m3_rs", 32, "float", "f", "f32.e4m3.e4m3", True, ", 1, 1", (48, 56, 64, 72, 96, 104, 128, 136)),
 )
 
 

@@ -1,6 +1,6 @@
 """Run every compiled kernel over the compute-sanitizer case list: D in {64, 128} (and, for
-the Hopper kernel, 96, which runs 96 of the D=128 kernel's columns, and 256, whose variant
-loads Q and K rows in two spans),
+the Hopper kernel, 96, which runs 96 of the D=128 kernel's columns, 256, whose variant
+loads Q and K rows in two spans, and 192, which runs 192 of the D=256 kernel's columns),
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs). Above 128 keys the last KV head's V has an outlier on a
 key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
@@ -12,7 +12,7 @@ kernel (the last tile of each 32-channel group).
     compute-sanitizer ... python scripts/sanitize_cases.py cuda_sm90 cuda_sm90_varlen d=96   # a subset
 
 The Hopper kernel's packed sequences (``cuda_sm90_varlen``: sageattn_varlen on an sm90 GPU):
-lengths 1, 17, 1000 and 4097 with an empty sequence and one without keys, at D 64, 96, 128, 256.
+lengths 1, 17, 1000 and 4097 with an empty sequence and one without keys, at D 64, 96, 128, 192, 256.
 
 Exits non-zero on a non-finite output as well (the sanitizer reports its own errors).
 """
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         # (heads_q, heads_kv, N): the case list, plus one with more 128-row work tiles (8 x 40)
         # than the GPU has SMs, so that a persistent kernel walks several per CTA
         shapes = [(4, 2, n) for n in (1, 17, 1000, 4097)] + [(40, 8, 1000)]
-        dims = (64, 96, 128, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (64, 128)
+        dims = (64, 96, 128, 192, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (64, 128)
         for d, (hq, hk, n), causal in itertools.product(pick(dims), shapes, (False, True)):
             g = torch.Generator(device="cuda").manual_seed(n + d)
             q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             print(f"{backend} {opts} D={d} H={hq}/{hk} N={n} causal={causal}: {'ok' if fine else 'NON-FINITE'}",
                   flush=True)
     if not only or "cuda_sm90_varlen" in only:
-        bad += varlen_cases(pick((64, 96, 128, 256)))
+        bad += varlen_cases(pick((64, 96, 128, 192, 256)))
     return 1 if bad else 0
 
 

@@ -91,40 +91,46 @@ def test_sm90_output_paths(d, layout):
 
 # (d, nq, nk, causal, layout): two consumers (up to 2047 keys) and three, O through TMA (rows of
 # 16-byte multiples; the second 64-column box clipped at d) and through plain stores (HND rows of
-# 130 and 180 bytes)
+# 130 and 180 bytes); head dims 129-192 on 192 of D=256's columns (plain stores, rows of 272 to
+# 384 bytes)
 NARROW_CASES = [(96, 1000, 1000, False, "HND"), (80, 1000, 777, True, "NHD"), (65, 333, 333, False, "HND"),
-                (72, 4100, 3000, False, "NHD"), (96, 9000, 9000, True, "HND"), (90, 2500, 3000, True, "HND")]
+                (72, 4100, 3000, False, "NHD"), (96, 9000, 9000, True, "HND"), (90, 2500, 3000, True, "HND"),
+                (192, 1000, 1000, False, "HND"), (160, 777, 2100, True, "NHD"), (129, 333, 333, False, "HND"),
+                (136, 4100, 3000, False, "NHD"), (192, 5000, 5000, True, "HND"), (184, 2500, 3000, True, "HND")]
 
 
-def _narrow_and_wide(call, monkeypatch):
-    """`call` on the Hopper kernel computing 96 of D=128's columns (the default for head dims
-    65-96) and all 128 (SAGEATTN_SM90_NARROW=0): the kernel of each kind must be the one that
-    runs, and outputs and LSE must be the same bits (the columns left out hold the zero padding:
-    only products with zeros are skipped). Returns the narrow run."""
+def _narrow_and_wide(call, monkeypatch, d):
+    """`call` (head dim d) on the Hopper kernel computing 96 of D=128's columns (the default for
+    head dims 65-96; 192 of D=256's for 129-192) and the full width (SAGEATTN_SM90_NARROW=0):
+    the kernel of each kind must be the one that runs, and outputs and LSE must be the same bits
+    (the columns left out hold the zero padding: only products with zeros are skipped). Returns
+    the narrow run."""
+    full = 128 if d <= 128 else 256
     runs, columns = {}, {}
     for mode in ("0", "1"):
         monkeypatch.setenv("SAGEATTN_SM90_NARROW", mode)
         runs[mode] = call()
-        columns[mode] = {da for _, _, _, da in _sm90_kernels(call)}
-    assert columns == {"0": {128}, "1": {96}}, columns
-    assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between 96 and 128 columns"
-    assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between 96 and 128 columns"
+        columns[mode] = {(dk, da) for dk, _, _, da in _sm90_kernels(call)}
+    assert columns == {"0": {(full, full)}, "1": {(full, full * 3 // 4)}}, columns
+    assert torch.equal(runs["0"][0], runs["1"][0]), f"outputs differ between {full * 3 // 4} and {full} columns"
+    assert torch.equal(runs["0"][1], runs["1"][1]), f"LSE differs between {full * 3 // 4} and {full} columns"
     return runs["1"]
 
 
 @pytest.mark.parametrize("d,nq,nk,causal,layout", NARROW_CASES)
 def test_sm90_narrow_heads_skip_the_padding(d, nq, nk, causal, layout, monkeypatch):
     """Head dims 65-96 arrive at the Hopper kernel zero-padded to 128; it computes 96 columns
-    (QK^T over 3 of its 4 k-steps, 96 rows of V^T, then the ones of the row sums): the same
-    bits as the full width, GQA, Nq != Nk, partial tiles; and the reference's numbers."""
+    (QK^T over 3 of its 4 k-steps, 96 rows of V^T, then the ones of the row sums); 129-192,
+    padded to 256, 192 columns (6 of 8 k-steps, the PV halves 96 and 96 + 8): the same bits as
+    the full width, GQA, Nq != Nk, partial tiles; and the reference's numbers."""
     fn, ext = _need(SM90)
     q, k, v = make_qkv(2, 8, 2, nq, nk, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d + nq)
     o, lse = _narrow_and_wide(lambda: fn(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True),
-                              monkeypatch)
+                              monkeypatch, d)
     opts = cuda_defaults(SM90)
     cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
     ro, rl = attention_quantized(q, *visible_kv(q, k, v, layout, causal), layout, causal, None, True, cfg)
-    assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 d={d} on 96 columns", fp8=True)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 d={d} on narrow columns", fp8=True)
     assert_lse_close_to_reference(lse, rl)
 
 
@@ -141,14 +147,15 @@ def test_sm90_narrow_heads_on_cluster_pairs(monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sm90_narrow_heads_packed(causal, monkeypatch):
-    """sageattn_varlen at d=80 (packed sequences: their own instance of the kernel) on 96
-    columns: the bits of 128."""
+@pytest.mark.parametrize("d", [80, 176])
+def test_sm90_narrow_heads_packed(d, causal, monkeypatch):
+    """sageattn_varlen at d=80 and 176 (packed sequences: their own instance of the kernel) on
+    96 and 192 columns: the bits of 128 and 256."""
     _on_kernel(monkeypatch)
     lens = [300, 1, 2200, 64, 0, 777]
-    q, k, v, cu_q, cu_k = _packed(lens, lens, 8, 2, 80, torch.bfloat16, seed=5)
+    q, k, v, cu_q, cu_k = _packed(lens, lens, 8, 2, d, torch.bfloat16, seed=5)
     _narrow_and_wide(lambda: sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), is_causal=causal,
-                                                return_lse=True), monkeypatch)
+                                                return_lse=True), monkeypatch, d)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

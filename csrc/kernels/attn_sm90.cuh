@@ -72,11 +72,13 @@ struct Sm90Args {
 // (the quantized Q, K and V^T buffers and their tensor maps are D=128's) and run with DA = 96:
 // QK^T over 3 of the 4 32-byte k-steps (the fourth would add the padding's zeros), V^T tiles
 // of 96 rows (then the ones), O and the PV product 96 columns wide. Same results as D=128,
-// bit for bit: only products with zeros are left out.
+// bit for bit: only products with zeros are left out. Head dims 129-192, zero-padded to 256,
+// run D=256's kernel the same way with DA = 192 (6 of 8 k-steps, the PV halves 96 and 96 + 8).
 template <int D, int NC, int VX = 1, int DA = D>
 struct Sm90Shape {
   static_assert(D == 64 || D == 128 || D == 256, "native head dims");
-  static_assert(DA == D || (D == 128 && DA == 96 && VX == 1), "96 of D=128's columns, one V term");
+  static_assert(DA == D || (D == 128 && DA == 96 && VX == 1) || (D == 256 && DA == 192),
+                "96 of D=128's columns (one V term) or 192 of D=256's");
   static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
   static_assert(VX == 1 || VX == 2, "V as one e4m3 term or two");
   static_assert(D != 256 || (NC == 2 && VX == 1), "D=256: two consumers (O alone is 128 registers), one V term");
@@ -743,15 +745,17 @@ cudaError_t attn_sm90_dv(const AttnParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     return attn_sm90_launch<D, 3, VX>(p, stream);
   } else if constexpr (D == 256) {
-    return attn_sm90_launch<D, 2, VX>(p, stream);
+    return attn_sm90_launch<D, 2, VX, DA>(p, stream);
   } else {
     return sm90_consumers(p, D) == 3 ? attn_sm90_launch<D, 3, VX, DA>(p, stream)
                                      : attn_sm90_launch<D, 2, VX, DA>(p, stream);
   }
 }
 
-// head dims 65-96: D=128's buffers, 96 columns computed, one V term (attn_sm90_d96.cu)
+// head dims 65-96: D=128's buffers, 96 columns computed, one V term (attn_sm90_d96.cu); head
+// dims 129-192: D=256's buffers, 192 columns computed (attn_sm90_d192.cu)
 cudaError_t attn_sm90_d96(const AttnParams& p, cudaStream_t stream);
+cudaError_t attn_sm90_d192(const AttnParams& p, cudaStream_t stream);
 
 template <int D>
 cudaError_t attn_sm90_d(const AttnParams& p, cudaStream_t stream) {

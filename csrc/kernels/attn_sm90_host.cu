@@ -7,7 +7,8 @@
 
 namespace sage {
 
-// instantiated in attn_sm90_d{64,128,256}.cu; attn_sm90_d96 is defined in attn_sm90_d96.cu
+// instantiated in attn_sm90_d{64,128,256}.cu; attn_sm90_d96 and attn_sm90_d192 are defined in
+// attn_sm90_d96.cu and attn_sm90_d192.cu
 extern template cudaError_t attn_sm90_d<64>(const AttnParams&, cudaStream_t);
 extern template cudaError_t attn_sm90_d<128>(const AttnParams&, cudaStream_t);
 extern template cudaError_t attn_sm90_d<256>(const AttnParams&, cudaStream_t);
@@ -126,11 +127,12 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   return counter && grid > 0 ? 1 + 2 * grid : 0;  // the counter, then two tile indices per CTA
 }
 
-// Head dims 65-96 (zero-padded to 128) skip the padding's columns (attn_sm90_d96), except with
-// V in two terms. SAGEATTN_SM90_NARROW=0 runs them on all 128, for A/B runs and the tests that
-// hold both to the same bits (read per call).
-static bool narrow_ok(const AttnParams& p) {
-  if (p.d_out > 96 || p.v_terms == 2) return false;
+// Head dims 65-96 (zero-padded to 128) and 129-192 (zero-padded to 256) skip the padding's
+// columns (attn_sm90_d96, attn_sm90_d192), except with V in two terms. SAGEATTN_SM90_NARROW=0
+// runs them on the full width, for A/B runs and the tests that hold both to the same bits (read
+// per call).
+static bool narrow_ok(const AttnParams& p, int head_dim) {
+  if (p.d_out > head_dim * 3 / 4 || p.v_terms == 2) return false;
   const char* e = std::getenv("SAGEATTN_SM90_NARROW");
   return !(e && e[0] == '0' && e[1] == '\0');
 }
@@ -143,8 +145,8 @@ cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;
   switch (head_dim) {
     case 64: return attn_sm90_d<64>(p, stream);
-    case 128: return narrow_ok(p) ? attn_sm90_d96(p, stream) : attn_sm90_d<128>(p, stream);
-    case 256: return attn_sm90_d<256>(p, stream);
+    case 128: return narrow_ok(p, 128) ? attn_sm90_d96(p, stream) : attn_sm90_d<128>(p, stream);
+    case 256: return narrow_ok(p, 256) ? attn_sm90_d192(p, stream) : attn_sm90_d<256>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

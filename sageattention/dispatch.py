@@ -66,11 +66,13 @@ class HandOver(NamedTuple):
     A call's length is ``L = 3·Nq·Nk / (Nq + 2·Nk)``: ``N`` when ``Nq == Nk``, and in general the
     attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
     so. Below ``length`` (``length_causal`` for causal calls, ``length_causal_d64`` for causal
-    calls with head dim <= 64, ``length_padded`` for head dims between 128 and 256, which the
-    kernel runs zero-padded to 256 while SDPA runs them at their width; for causal calls at the
-    head dims it pads to 128 or 64, ``length_causal_padded`` and ``length_causal_padded_d64``)
-    the quantization costs more than the kernel saves; below ``pairs`` (``pairs_causal``) of
-    ``B·Hq·Nq·Nk`` the call is too small to fill the GPU. Causal GQA calls with at least
+    calls with head dim <= 64, ``length_padded`` for head dims between 192 and 256, which the
+    kernel runs zero-padded to 256 while SDPA runs them at their width, ``length_192`` and
+    ``length_causal_192`` for head dims 129-192, which it runs on 192 of those columns; for
+    causal calls at the head dims it pads to 128 or 64, ``length_causal_padded`` and
+    ``length_causal_padded_d64``) the quantization costs more than the kernel saves; below
+    ``pairs`` (``pairs_causal``; at least ``pairs_192`` for head dims 129-192) of ``B·Hq·Nq·Nk``
+    the call is too small to fill the GPU. Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
     quantization reads K and V of fewer heads.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -84,6 +86,9 @@ class HandOver(NamedTuple):
     length_padded: int
     length_causal_padded: int
     length_causal_padded_d64: int
+    length_192: int
+    length_causal_192: int
+    pairs_192: int
     pairs: int
     pairs_causal: int
     pairs_causal_gqa: int
@@ -107,7 +112,14 @@ GQA_GROUP = 2
 #:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
 #:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
 #:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
-#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192. Head dims the kernel pads to
+#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192, kept for head dims 193-255.
+#:   Since 6022f5f the kernel computes 192 of the 256 columns for head dims 129-192 (the
+#:   ``wide-narrow`` set at D=160 and 192, …-6022f5f-crossover-wide-narrow.md): non-causal, it
+#:   passes cuDNN between N=2048 (1.12-1.18 at 4 x 32 heads) and 3072 (0.91-0.99), with 1 x 16
+#:   heads at 4096 still 1.03-1.07 and at 6144 0.84-0.89; causal, between 4096 (4 x 32: 1.03-1.07)
+#:   and 6144 (0.89-0.91), 1 x 16 at 6144 1.02-1.05 and at 8192 0.85-0.89: ``length_192`` 3072,
+#:   ``pairs_192`` 2^29 (1 x 16 x 4096^2 is 2^28), ``length_causal_192`` 5120 (between the
+#:   two measured lengths; 5120 itself was not measured). Head dims the kernel pads to
 #:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
 #:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x
 #:   4096^2 at D=96). Causal ones cross later: 3072 at D=80-112 and 4096 at D=32-48 ran 1-12 %
@@ -131,6 +143,7 @@ GQA_GROUP = 2
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3584, length_causal_padded_d64=5120,
+                      length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -362,7 +375,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
             length = max(length, lim.length_causal_padded_d64)
         elif 64 < head_dim < 128:  # run as 128
             length = max(length, lim.length_causal_padded)
-    if 128 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
+    if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
+        length = max(length, lim.length_causal_192 if causal else lim.length_192)
+        pairs = max(pairs, lim.pairs_192)
+    elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs

@@ -340,7 +340,9 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-24-NVIDIA_H100_80GB_HBM3-d563465-crossover-lse-wide": 60,
             # GQA with 2 and 3 query heads per K/V head; padded head dims, then causal between lengths
             "2026-11-24-NVIDIA_H100_80GB_HBM3-f6dfdea-crossover-lse-padded-gqa-small": 94,
-            "2026-11-24-NVIDIA_H100_80GB_HBM3-9e96397-crossover-lse-padded-causal": 17}
+            "2026-11-24-NVIDIA_H100_80GB_HBM3-9e96397-crossover-lse-padded-causal": 17,
+            # D=160 and 192 on 192 columns, with the limits set from the run without the LSE
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-0985a9b-crossover-lse-wide-narrow": 40}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

@@ -435,9 +435,10 @@ def _h100_class():
 def test_sageattn_wide_heads_on_hopper(layout, d):
     """On H100-class GPUs (dispatch.HAND_OVER), a short call with a head dim above 128 runs SDPA
     (cuDNN first); with return_lse torch's cuDNN attention with its LSE where the cuDNN present
-    runs that head dim (9.10 or newer), else our kernel; a long one (N = 8192 with the head dim
-    padded to 256, 2048 at D=256) the wgmma kernel where it is the choice, SDPA where another
-    kernel of ours is. Elsewhere sageattn keeps its kernel (the results must differ from SDPA's)."""
+    runs that head dim (9.10 or newer), else our kernel; a long one (N = 8192 at D=160, which the
+    kernel runs on 192 of 256 columns, 2048 at D=256) the wgmma kernel where it is the choice,
+    SDPA where another kernel of ours is. Elsewhere sageattn keeps its kernel (the results must
+    differ from SDPA's)."""
     q, k, v = make_qkv(2, 4, 2, 300, 300, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
     o = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=0.05)
     assert o.shape == q.shape and o.is_contiguous()
@@ -458,7 +459,7 @@ def test_sageattn_wide_heads_on_hopper(layout, d):
     else:
         assert not torch.equal(hnd(o_lse, layout), ref), "with return_lse the quantized kernel runs"
         assert_close_to_fp32(hnd(o_lse, layout), fp32, **FP8_VS_FP32)
-    n, h = (2048, 64) if d == 256 else (8192, 4)  # 2^28 query-key pairs each
+    n, h = (2048, 64) if d == 256 else (8192, 8)  # 2^28 query-key pairs; 2^29 (pairs_192) at D=160
     q, k, v = make_qkv(1, h, h, n, n, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d + 1)
     o = sa.sageattn(q, k, v, tensor_layout=layout)
     ours = not sdpa_here or choice.backend == "cuda_sm90"

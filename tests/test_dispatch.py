@@ -124,7 +124,8 @@ def test_choice_is_cached_per_capability_and_name(monkeypatch):
 
 LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, length_causal_d64=4096,
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
-                           length_192=3072, length_causal_192=5120, pairs_192=1 << 29, pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=128)
+                           length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
+                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=128)
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
 
 
@@ -299,13 +300,18 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-25-NVIDIA_H100_80GB_HBM3-29a7f3d-crossover-padded-causal-padded": 79,
                     # D=160 and 192 since 129-192 compute 192 of 256 columns (6022f5f): length_192
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-6022f5f-crossover-wide-narrow": 40})
+# the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
+# columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
+# today's limits (their D=256 rows are)
+FULL_WIDTH_192 = {"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover", "2026-11-24-NVIDIA_H200-4131a19-crossover",
+                  "2026-11-24-NVIDIA_H100_80GB_HBM3-d563465-crossover-lse-wide"}
 
 
 def _current_kernel(run: str, d: int) -> bool:
-    """Whether a recorded run's row at head dim d timed the kernel that runs it today: head dims
-    129-192 ran on all 256 columns before 6022f5f (the 2026-11-24 runs); those rows measured a
-    kernel that no longer runs and are not held to today's limits."""
-    return not (128 < d <= 192 and run.startswith("2026-11-24-"))
+    """Whether a recorded run's row at head dim d timed the kernel that runs it today."""
+    return not (run in FULL_WIDTH_192 and 128 < d <= 192)
+
+
 # the one measured shape outside 6 %: on the H200, whose faster memory moves the crossover to
 # shorter calls than the H100's limits (2 x 24 / 8 heads x 2048^2 = 2^27.6 pairs, under the 2^28
 # size limit: handed over with the kernel 7 % faster there, 1 % slower on the H100 (8e86603))

@@ -67,6 +67,10 @@ WIDE = [(b, h, h, n, n, d, c) for d in (256, 192, 160) for c in (False, True) fo
 # where it should now pass cuDNN (``wide`` put the full width's crossover between 4096 and 8192)
 WIDE_NARROW = [(b, h, h, n, n, d, c) for d in (192, 160) for c in (False, True) for b, h in SQUARE_BH
                for n in (2048, 3072, 4096, 6144, 8192)]
+# head dims 129-192 with GQA (8 and 4 query heads per K/V head): the 129-192 limits were set on
+# ``wide-narrow``, as many K/V heads as query heads
+WIDE_GQA = [(b, h, hkv, n, n, d, c) for d in (192, 160) for b, h, hkv in ((4, 32, 8), (1, 32, 4))
+            for c in (False, True) for n in (2048, 3072, 4096, 6144, 8192)]
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -96,6 +100,7 @@ SETS = {
     "check": CHECK,
     "wide": WIDE,
     "wide-narrow": WIDE_NARROW,
+    "wide-gqa": WIDE_GQA,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

@@ -71,6 +71,11 @@ WIDE_NARROW = [(b, h, h, n, n, d, c) for d in (192, 160) for c in (False, True) 
 # ``wide-narrow``, as many K/V heads as query heads
 WIDE_GQA = [(b, h, hkv, n, n, d, c) for d in (192, 160) for b, h, hkv in ((4, 32, 8), (1, 32, 4))
             for c in (False, True) for n in (2048, 3072, 4096, 6144, 8192)]
+# the limits set on ``wide-gqa`` checked on shapes it did not have: 2 query heads per K/V head
+# (dispatch.GQA_GROUP), 2 x 28 / 4 (Qwen2 7B's heads) and 1 x 64 / 8, around the new lengths
+WIDE_GQA_CHECK = [(b, h, hkv, n, n, d, c) for d in (192, 160) for c in (False, True)
+                  for b, h, hkv in ((4, 32, 16), (2, 28, 4), (1, 64, 8))
+                  for n in ((3072, 4096, 6144) if c else (2048, 3072, 4096))]
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -101,6 +106,7 @@ SETS = {
     "wide": WIDE,
     "wide-narrow": WIDE_NARROW,
     "wide-gqa": WIDE_GQA,
+    "wide-gqa-check": WIDE_GQA_CHECK,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

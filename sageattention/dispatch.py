@@ -74,7 +74,9 @@ class HandOver(NamedTuple):
     ``pairs`` (``pairs_causal``; at least ``pairs_192`` for head dims 129-192) of ``B·Hq·Nq·Nk``
     the call is too small to fill the GPU. Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
-    quantization reads K and V of fewer heads.
+    quantization reads K and V of fewer heads. At head dims 129-192 such GQA calls, causal or
+    not, take ``length_causal_192_gqa`` for causal calls and ``pairs_192_gqa`` in place of
+    ``pairs_192``.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
     ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present
     runs, :data:`CUDNN_LSE_HEAD_DIMS`)."""
@@ -89,6 +91,8 @@ class HandOver(NamedTuple):
     length_192: int
     length_causal_192: int
     pairs_192: int
+    length_causal_192_gqa: int
+    pairs_192_gqa: int
     pairs: int
     pairs_causal: int
     pairs_causal_gqa: int
@@ -144,6 +148,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3584, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
+                      length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -365,19 +370,23 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
     lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
     length, pairs = lim.length, lim.pairs
+    gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
-        pairs = lim.pairs_causal_gqa if heads_q >= GQA_GROUP * (heads_kv or heads_q) else lim.pairs_causal
+        pairs = lim.pairs_causal_gqa if gqa else lim.pairs_causal
         if head_dim < 64:  # run as 64 columns, zero-padded
             length = max(length, lim.length_causal_padded_d64)
         elif 64 < head_dim < 128:  # run as 128
             length = max(length, lim.length_causal_padded)
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
-        length = max(length, lim.length_causal_192 if causal else lim.length_192)
-        pairs = max(pairs, lim.pairs_192)
+        if causal:
+            length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
+        else:
+            length = max(length, lim.length_192)
+        pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)

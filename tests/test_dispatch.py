@@ -125,6 +125,7 @@ def test_choice_is_cached_per_capability_and_name(monkeypatch):
 LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, length_causal_d64=4096,
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
+                           length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                            pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=128)
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
 
@@ -299,7 +300,10 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # both padded sets again since D=65-96 compute 96 columns (29a7f3d), same limits
                     "2026-11-25-NVIDIA_H100_80GB_HBM3-29a7f3d-crossover-padded-causal-padded": 79,
                     # D=160 and 192 since 129-192 compute 192 of 256 columns (6022f5f): length_192
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-6022f5f-crossover-wide-narrow": 40})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-6022f5f-crossover-wide-narrow": 40,
+                    # the same head dims with GQA (8 and 4 query heads per K/V head): the GQA limits
+                    # for head dims 129-192 (length_causal_192_gqa, pairs_192_gqa) were set on it
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-wide-gqa": 40})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -348,7 +352,8 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-24-NVIDIA_H100_80GB_HBM3-f6dfdea-crossover-lse-padded-gqa-small": 94,
             "2026-11-24-NVIDIA_H100_80GB_HBM3-9e96397-crossover-lse-padded-causal": 17,
             # D=160 and 192 on 192 columns, with the limits set from the run without the LSE
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-0985a9b-crossover-lse-wide-narrow": 40}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-0985a9b-crossover-lse-wide-narrow": 40,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-lse-wide-gqa": 40}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

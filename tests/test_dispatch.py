@@ -303,7 +303,9 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-6022f5f-crossover-wide-narrow": 40,
                     # the same head dims with GQA (8 and 4 query heads per K/V head): the GQA limits
                     # for head dims 129-192 (length_causal_192_gqa, pairs_192_gqa) were set on it
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-wide-gqa": 40})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-wide-gqa": 40,
+                    # and checked on shapes it did not have (2, 7 and 8 per K/V head), after they were set
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-59ea616-crossover-wide-gqa-check": 36})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -353,7 +355,8 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-24-NVIDIA_H100_80GB_HBM3-9e96397-crossover-lse-padded-causal": 17,
             # D=160 and 192 on 192 columns, with the limits set from the run without the LSE
             "2026-11-27-NVIDIA_H100_80GB_HBM3-0985a9b-crossover-lse-wide-narrow": 40,
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-lse-wide-gqa": 40}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-lse-wide-gqa": 40,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-59ea616-crossover-lse-wide-gqa-check": 36}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

@@ -305,7 +305,10 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # for head dims 129-192 (length_causal_192_gqa, pairs_192_gqa) were set on it
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-3e35ead-crossover-wide-gqa": 40,
                     # and checked on shapes it did not have (2, 7 and 8 per K/V head), after they were set
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-59ea616-crossover-wide-gqa-check": 36})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-59ea616-crossover-wide-gqa-check": 36,
+                    # both sets again on another H100 with these limits (the call asked for an H200)
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-64e6cf3-crossover-wide-narrow": 40,
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-64e6cf3-crossover-wide-gqa": 40})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)

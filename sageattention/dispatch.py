@@ -123,7 +123,13 @@ GQA_GROUP = 2
 #:   heads at 4096 still 1.03-1.07 and at 6144 0.84-0.89; causal, between 4096 (4 x 32: 1.03-1.07)
 #:   and 6144 (0.89-0.91), 1 x 16 at 6144 1.02-1.05 and at 8192 0.85-0.89: ``length_192`` 3072,
 #:   ``pairs_192`` 2^29 (1 x 16 x 4096^2 is 2^28), ``length_causal_192`` 5120 (between the
-#:   two measured lengths; 5120 itself was not measured). Head dims the kernel pads to
+#:   two measured lengths; 5120 itself was not measured). With GQA (the ``wide-gqa`` set, 4 and
+#:   8 query heads per K/V head, …-3e35ead-crossover-wide-gqa.md) it passes cuDNN earlier:
+#:   causal 4 x 32 / 8 at 4096 0.88-0.91, 1 x 32 / 4 at 4096 0.93-1.00, non-causal 1 x 32 / 4 at
+#:   3072 (2^28.2 pairs) 0.90-0.98, which 5120 and 2^29 handed over: ``length_causal_192_gqa``
+#:   4096, ``pairs_192_gqa`` 2^28 from GQA_GROUP query heads per K/V head; checked after on
+#:   ``wide-gqa-check`` (2, 7 and 8 per K/V head, …-59ea616-crossover-wide-gqa-check.md: every
+#:   call on its faster side, with the LSE too). Head dims the kernel pads to
 #:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
 #:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x
 #:   4096^2 at D=96). Causal ones cross later: 3072 at D=80-112 and 4096 at D=32-48 ran 1-12 %

@@ -234,6 +234,18 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(4, 32, 4096, 2048, 128), True, False, False),  # L = 3072
     (LIMITS, _dims(1, 2, 16384, 1024, 128), True, False, True),  # 2^25 pairs
     (LIMITS, _dims(4, 32, 1024, 1024, 128, hkv=8), False, False, True),  # GQA: same L
+    # head dims 129-192 with 2 or more query heads per K/V head: causal 4096, 2^28 pairs
+    (LIMITS, _dims(4, 32, 4096, 4096, 192, hkv=8), True, False, False),  # 5120 without GQA
+    (LIMITS, _dims(4, 32, 4096, 4096, 192), True, False, True),
+    (LIMITS, _dims(4, 32, 4095, 4095, 160, hkv=16), True, False, True),  # L below 4096
+    (LIMITS, _dims(4, 32, 4096, 4096, 160, hkv=32), True, False, True),  # 1 per K/V head
+    (LIMITS, _dims(1, 32, 3072, 3072, 192, hkv=4), False, False, False),  # 2^28.2: 2^29 without GQA
+    (LIMITS, _dims(1, 32, 3072, 3072, 192), False, False, True),
+    (LIMITS, _dims(1, 16, 3072, 3072, 192, hkv=2), False, False, True),  # 2^27.2 pairs
+    (LIMITS, _dims(4, 32, 2048, 2048, 192, hkv=8), False, False, True),  # non-causal L: 3072 either way
+    (LIMITS, _dims(4, 32, 4096, 4096, 200, hkv=8), True, False, True),  # 193-255: 8192 either way
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 4096, 4096, 192, hkv=8), True, True, False),  # the LSE likewise
+    (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 3072, 3072, 192, hkv=8), True, True, True),
     (LIMITS, _dims(0, 32, 1024, 1024, 128), False, False, True),  # empty: SDPA's empty result
 ])
 def test_goes_to_sdpa(limits, dims, causal, lse, want):

@@ -1,7 +1,7 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide wide-narrow causal-rect gqa gqa-small padded
-                               padded-causal]
+    python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
+                               causal-rect gqa gqa-small padded padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -19,7 +19,8 @@ cross-attention to its text tokens) were measured to set sageattn's short-call l
 limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and not, B x H
 4 x 32 and 1 x 16) sets which head dims above 128 sageattn keeps and from which length, and
 ``wide-narrow`` (D 160 and 192, N 2048 to 8192) the lengths for 129-192, which the kernel runs
-on 192 of D=256's columns;
+on 192 of D=256's columns, ``wide-gqa`` those lengths with GQA (4 and 8 query heads per K/V
+head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/V head);
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128

@@ -74,9 +74,9 @@ class HandOver(NamedTuple):
     ``pairs`` (``pairs_causal``; at least ``pairs_192`` for head dims 129-192) of ``B·Hq·Nq·Nk``
     the call is too small to fill the GPU. Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
-    quantization reads K and V of fewer heads. At head dims 129-192 such GQA calls, causal or
-    not, take ``length_causal_192_gqa`` for causal calls and ``pairs_192_gqa`` in place of
-    ``pairs_192``.
+    quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
+    query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192`` and, when causal,
+    ``length_causal_192_gqa`` instead of ``length_causal_192``.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
     ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present
     runs, :data:`CUDNN_LSE_HEAD_DIMS`)."""

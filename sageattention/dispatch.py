@@ -75,8 +75,9 @@ class HandOver(NamedTuple):
     the call is too small to fill the GPU. Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
     quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
-    query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192`` and, when causal,
-    ``length_causal_192_gqa`` instead of ``length_causal_192``.
+    query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
+    ``length_192_gqa`` and ``length_causal_192_gqa`` instead of ``length_192`` and
+    ``length_causal_192``.
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
     ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present
     runs, :data:`CUDNN_LSE_HEAD_DIMS`)."""
@@ -91,6 +92,7 @@ class HandOver(NamedTuple):
     length_192: int
     length_causal_192: int
     pairs_192: int
+    length_192_gqa: int
     length_causal_192_gqa: int
     pairs_192_gqa: int
     pairs: int
@@ -154,14 +156,26 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3584, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
-                      length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
+                      length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
+#: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
+#: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
+#: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, with
+#: the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the
+#: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: at head dims
+#: 129-192, non-causal, 4 to 8 query heads per K/V head, N=2048 ran 0.87-0.96 of cuDNN's time at
+#: D=192 (0.95-1.02 on the H100) and 0.96-1.06 at D=160, which ``length_192`` 3072 handed over
+#: (the kernel up to 13 % faster): ``length_192_gqa`` 2048 (…-crossover-wide-gqa-short.md, head
+#: dims and shapes those sets did not have, was measured after it was set). The GH200 (HBM3 or
+#: HBM3e) keeps the H100's row: not measured.
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
+_H200 = r"\bH200\b"  # not GH200: no word boundary between G and H
 
 #: Per compute capability, which calls ``sageattn`` hands to SDPA: rows of (GPU name pattern,
 #: backend, limits); the first row whose pattern is found (``re.search``) in the GPU's name and
@@ -172,7 +186,7 @@ _GH100 = r"\b(H100|H800|H200|GH200)\b"
 #: tensor rate, is not one of them (not measured: the quantized kernels' advantage there is
 #: larger, and the limits would hand over calls they win).
 HAND_OVER: Dict[Tuple[int, int], Tuple[Tuple[str, Optional[str], HandOver], ...]] = {
-    (9, 0): ((_GH100, "cuda_sm90", GH100_SM90), (_GH100, None, GH100_OTHERS)),
+    (9, 0): ((_H200, "cuda_sm90", H200_SM90), (_GH100, "cuda_sm90", GH100_SM90), (_GH100, None, GH100_OTHERS)),
 }
 
 
@@ -391,7 +405,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
         if causal:
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
         else:
-            length = max(length, lim.length_192)
+            length = max(length, lim.length_192_gqa if gqa else lim.length_192)
         pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)

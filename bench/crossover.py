@@ -1,7 +1,7 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
-                               wide-gqa-short causal-rect gqa gqa-small padded padded-causal]
+                               wide-gqa-short wide-gqa-short-check causal-rect gqa gqa-small padded padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -21,7 +21,8 @@ limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and n
 ``wide-narrow`` (D 160 and 192, N 2048 to 8192) the lengths for 129-192, which the kernel runs
 on 192 of D=256's columns, ``wide-gqa`` those lengths with GQA (4 and 8 query heads per K/V
 head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/V head),
-``wide-gqa-short`` non-causal GQA calls around N=2048 (where the H200 parts from the H100);
+``wide-gqa-short`` non-causal GQA calls around N=2048 (where the H200 parts from the H100) and
+``wide-gqa-short-check`` other such calls around the H200's limit;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
@@ -80,10 +81,14 @@ WIDE_GQA_CHECK = [(b, h, hkv, n, n, d, c) for d in (192, 160) for c in (False, T
                   for n in ((3072, 4096, 6144) if c else (2048, 3072, 4096))]
 # non-causal GQA at head dims 129-192 around N=2048 on shapes and head dims ``wide-gqa`` and
 # ``wide-gqa-check`` did not have (176 and 144; 2 x 40 / 8): on the H200 the kernel passed cuDNN
-# at 2048 with 4 to 8 query heads per K/V head (…-NVIDIA_H200-78df896-crossover-wide-gqa.md),
-# where ``length_192`` hands those calls over; whether the H200's limit at 2048 holds there
+# at 2048 with 4 to 8 query heads per K/V head at D=192 (…-NVIDIA_H200-78df896-crossover-wide-gqa.md),
+# where ``length_192`` hands those calls over (it set the H200's ``length_192_gqa``)
 WIDE_GQA_SHORT = [(b, h, hkv, n, n, d, False) for d in (192, 176, 160, 144)
                   for b, h, hkv in ((4, 32, 8), (1, 64, 8), (2, 40, 8)) for n in (1792, 2048, 2560)]
+# the H200's length_192_gqa (2560, set on ``wide-gqa-short``) checked on head dims and groups that
+# set did not have (184 and 136; 2, 7 and 8 query heads per K/V head) on either side of it
+WIDE_GQA_SHORT_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 160, 136)
+                        for b, h, hkv in ((4, 32, 16), (2, 28, 4), (1, 64, 8)) for n in (2304, 2560, 2816)]
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -116,6 +121,7 @@ SETS = {
     "wide-gqa": WIDE_GQA,
     "wide-gqa-check": WIDE_GQA_CHECK,
     "wide-gqa-short": WIDE_GQA_SHORT,
+    "wide-gqa-short-check": WIDE_GQA_SHORT_CHECK,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

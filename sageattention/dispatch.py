@@ -165,14 +165,15 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, with
-#: the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the
-#: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: at head dims
-#: 129-192, non-causal, 4 to 8 query heads per K/V head, N=2048 ran 0.87-0.96 of cuDNN's time at
-#: D=192 (0.95-1.02 on the H100) and 0.96-1.06 at D=160, which ``length_192`` 3072 handed over
-#: (the kernel up to 13 % faster): ``length_192_gqa`` 2048 (…-crossover-wide-gqa-short.md, head
-#: dims and shapes those sets did not have, was measured after it was set). The GH200 (HBM3 or
-#: HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
+#: the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the quantization cheaper,
+#: and with GQA the kernel reads K and V of fewer heads: at head dims 129-192, non-causal, 8 query
+#: heads per K/V head, N=2560 ran 0.84-0.97 of the faster SDPA's time at D 144-192
+#: (…-NVIDIA_H200-dbe9fc0-crossover-wide-gqa-short.md, the LSE twin 0.88-0.97), which
+#: ``length_192`` 3072 handed over (the kernel up to 19 % faster): ``length_192_gqa`` 2560. At
+#: 2048 the kernel won only at D=192 (0.87-0.98; 1.01-1.11 at D 144-176), so 2048 stays with
+#: cuDNN (a first try at 2048, set from the D=192 and 160 rows of -wide-gqa and -wide-gqa-check,
+#: failed that check). The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2560)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

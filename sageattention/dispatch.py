@@ -172,7 +172,11 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: ``length_192`` 3072 handed over (the kernel up to 19 % faster): ``length_192_gqa`` 2560. At
 #: 2048 the kernel won only at D=192 (0.87-0.98; 1.01-1.11 at D 144-176), so 2048 stays with
 #: cuDNN (a first try at 2048, set from the D=192 and 160 rows of -wide-gqa and -wide-gqa-check,
-#: failed that check). The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
+#: failed that check). Checked after on head dims 136, 160 and 184 with 2, 7 and 8 query heads
+#: per K/V head (…-NVIDIA_H200-c748037-crossover-wide-gqa-short-check.md and its LSE twin): at
+#: 2560 and 2816 the kernel 0.84-1.02 of SDPA's time; at 2304, handed over, 0.92-1.10 (4 x 32 / 16
+#: the kernel's by 7-8 %: the H200's crossover for large calls lies near 2048-2304).
+#: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=2560)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"

@@ -72,13 +72,14 @@ def test_sink_against_reference(backend, d, causal):
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("d", [36, 40, 100, 128, 160, 256])
+@pytest.mark.parametrize("d", [36, 40, 100, 128, 129, 160, 200, 256])
 def test_sm90_output_paths(d, layout):
     """The Hopper kernel writes O through shared memory and TMA where the output's rows and
     strides are 16-byte multiples (d = 40, 128; 40 with its second 64-column box clipped) and
     with plain stores otherwise (d = 36, 100, and every d above 128: the D=256 kernel has no
-    room for the stage; 160 is zero-padded to 256); rows past N (1000 = 7 tiles + 104) are
-    clipped."""
+    room for the stage; 129, 160 and 200 are zero-padded to 256, and the even ones are written
+    in 4-byte column pairs up to d, the odd one column by column); rows past N (1000 = 7 tiles
+    + 104) are clipped."""
     fn, ext = _need(SM90)
     q, k, v = make_qkv(1, 4, 2, 1000, 1000, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
     o, lse = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)

@@ -336,7 +336,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
     const int nwb = p.nq_pad / kAttnWarpQ;
     const int k_groups = p.k_groups;
     const bool causal = p.causal != 0;
-    const bool pairs = out_pairs_ok(p, DA);
+    // (D=256, which writes O by plain stores: 4-byte pairs also where it computes more columns
+    // than the output has, head dims 129-254; full-width-only pairs made those 2-byte stores,
+    // 7-10 % of the kernel at N=2048, bench/NOTES.md)
+    const bool pairs = D == 256 ? out_pairs_even(p) : out_pairs_ok(p, DA);
 
     // Ping-pong: the consumers take turns issuing their GEMMs in a ring (named barriers 1 to
     // NC; consumer cw waits on barrier 1 + cw, which the consumer before it arrives on), so
@@ -653,7 +656,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
 #pragma unroll
           for (int j = 0; j < DA / 8; ++j) {
             const float2 v = out2(j, hr);
-            store_out2(orow, 8 * j + 2 * t, v.x, v.y, pairs, p.d_out);
+            if constexpr (D == 256)
+              store_out2_bounded(orow, 8 * j + 2 * t, v.x, v.y, pairs, p.d_out);
+            else
+              store_out2(orow, 8 * j + 2 * t, v.x, v.y, pairs, p.d_out);
           }
         }
       }

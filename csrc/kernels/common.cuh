@@ -139,6 +139,12 @@ __device__ __forceinline__ bool out_pairs_ok(const AttnParams& p, int head_dim) 
   return p.d_out == head_dim && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
          reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
 }
+// The same for a kernel that computes more columns than the output has (head dims it pads): a
+// pair starts at an even column, so with d_out even it lies wholly inside or wholly outside it.
+__device__ __forceinline__ bool out_pairs_even(const AttnParams& p) {
+  return p.d_out % 2 == 0 && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
+}
 
 // Writes the natural-log LSE of one query row from its base-2 running maximum `m` and sum
 // `l` (P was computed as 2^(s - m + off)), plus the K-smoothing correction when present.
@@ -158,6 +164,15 @@ __device__ __forceinline__ void store_out2(OutT* orow, int col, float v0, float 
   } else {
     if (col < d_out) orow[col] = from_float<OutT>(v0);
     if (col + 1 < d_out) orow[col + 1] = from_float<OutT>(v1);
+  }
+}
+// With pairs from out_pairs_even: columns past d_out are skipped, pair by pair.
+template <typename OutT>
+__device__ __forceinline__ void store_out2_bounded(OutT* orow, int col, float v0, float v1, bool pairs, int d_out) {
+  if (pairs) {
+    if (col < d_out) *reinterpret_cast<uint32_t*>(orow + col) = pack2<OutT>(v0, v1);
+  } else {
+    store_out2(orow, col, v0, v1, false, d_out);
   }
 }
 

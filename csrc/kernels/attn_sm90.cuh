@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
     const int k_groups = p.k_groups;
     const bool causal = p.causal != 0;
     // (D=256, which writes O by plain stores: 4-byte pairs also where it computes more columns
-    // than the output has, head dims 129-254; full-width-only pairs made those 2-byte stores,
+    // than the output has, even head dims 130-254; full-width-only pairs made those 2-byte stores,
     // 7-10 % of the kernel at N=2048, bench/NOTES.md)
     const bool pairs = D == 256 ? out_pairs_even(p) : out_pairs_ok(p, DA);
 

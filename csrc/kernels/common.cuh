@@ -134,16 +134,16 @@ __device__ __forceinline__ float warp_sum_quad(float x) {
 
 // ---- attention epilogue, shared by the mma.sync and the wgmma kernels ----
 
-// Whether two adjacent output elements of a row can be written with one 4-byte store.
-__device__ __forceinline__ bool out_pairs_ok(const AttnParams& p, int head_dim) {
-  return p.d_out == head_dim && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
-         reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
-}
-// The same for a kernel that computes more columns than the output has (head dims it pads): a
-// pair starts at an even column, so with d_out even it lies wholly inside or wholly outside it.
+// Whether two adjacent output elements of a row (a pair starts at an even column) can be
+// written with one 4-byte store: d_out even, so that a pair lies wholly inside or wholly outside
+// the row (store_out2_bounded skips those outside), and 4-byte aligned rows.
 __device__ __forceinline__ bool out_pairs_even(const AttnParams& p) {
   return p.d_out % 2 == 0 && p.o_stride_b % 2 == 0 && p.o_stride_h % 2 == 0 && p.o_stride_n % 2 == 0 &&
          reinterpret_cast<uintptr_t>(p.o) % 4 == 0;
+}
+// The same where the kernel computes exactly the output's columns (store_out2 checks no bound).
+__device__ __forceinline__ bool out_pairs_ok(const AttnParams& p, int head_dim) {
+  return p.d_out == head_dim && out_pairs_even(p);
 }
 
 // Writes the natural-log LSE of one query row from its base-2 running maximum `m` and sum

@@ -165,8 +165,8 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
-#: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, with
-#: the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the quantization cheaper,
+#: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
+#: first two with the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the quantization cheaper,
 #: and with GQA the kernel reads K and V of fewer heads: at head dims 129-192, non-causal, 8 query
 #: heads per K/V head, N=2560 ran 0.84-0.97 of the faster SDPA's time at D 144-192
 #: (…-NVIDIA_H200-dbe9fc0-crossover-wide-gqa-short.md, the LSE twin 0.88-0.97), which

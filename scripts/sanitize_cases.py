@@ -1,7 +1,8 @@
 """Run every compiled kernel over the compute-sanitizer case list: D in {64, 128} (and, for
 the Hopper kernel, 96, which runs 96 of the D=128 kernel's columns, 256, whose variant
 loads Q and K rows in two spans, and 192 and 160, which run 192 of the D=256 kernel's columns,
-160 writing 4-byte column pairs up to its last column),
+160 writing 4-byte column pairs up to its last column; for the mma.sync kernels 80, which runs
+D=128's kernel and writes pairs up to its last column),
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs). Above 128 keys the last KV head's V has an outlier on a
 key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
@@ -58,7 +59,8 @@ def main(argv=None) -> int:
         # (heads_q, heads_kv, N): the case list, plus one with more 128-row work tiles (8 x 40)
         # than the GPU has SMs, so that a persistent kernel walks several per CTA
         shapes = [(4, 2, n) for n in (1, 17, 1000, 4097)] + [(40, 8, 1000)]
-        dims = (64, 96, 128, 160, 192, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (64, 128)
+        dims = (64, 96, 128, 160, 192, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (
+            (64, 128) if backend == "cuda_sm90" else (64, 80, 128))
         for d, (hq, hk, n), causal in itertools.product(pick(dims), shapes, (False, True)):
             g = torch.Generator(device="cuda").manual_seed(n + d)
             q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g)

@@ -90,6 +90,25 @@ def test_sm90_output_paths(d, layout):
     assert_lse_close_to_reference(lse, rl)
 
 
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("d", [40, 57, 80, 96, 100, 160, 255])
+@pytest.mark.parametrize("backend", [FP16, FP8])
+def test_mma_output_paths(backend, d, layout):
+    """The mma.sync kernels run head dims below 64, 128 and 256 zero-padded to those widths and
+    write O by plain stores: in 4-byte column pairs up to d where d is even (40, 80, 96, 100,
+    160; the pairs past d are skipped), column by column where it is odd (57, 255); rows past N
+    (1000) are clipped."""
+    fn, ext = _need(backend)
+    q, k, v = make_qkv(1, 4, 2, 1000, 1000, d, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=d)
+    o, lse = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
+    assert o.shape == q.shape, (o.shape, q.shape)
+    opts = cuda_defaults(backend)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
+    ro, rl = attention_quantized(q, k, v, layout, True, None, True, cfg)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"{backend} d={d} {layout}", fp8=backend in FP8_BACKENDS)
+    assert_lse_close_to_reference(lse, rl)
+
+
 # (d, nq, nk, causal, layout): two consumers (up to 2047 keys) and three, O through TMA (rows of
 # 16-byte multiples; the second 64-column box clipped at d) and through plain stores (HND rows of
 # 130 and 180 bytes); head dims 129-192 on 192 of D=256's columns (plain stores, rows of 272 to

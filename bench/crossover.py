@@ -1,7 +1,8 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
-                               wide-gqa-short wide-gqa-short-check causal-rect gqa gqa-small padded padded-causal]
+                               wide-gqa-short wide-gqa-short-check wide-gqa-edge causal-rect gqa gqa-small
+                               padded padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -22,7 +23,8 @@ limits on; ``wide`` (D 160, 192 and 256, Nq = Nk from 1024 to 8192, causal and n
 on 192 of D=256's columns, ``wide-gqa`` those lengths with GQA (4 and 8 query heads per K/V
 head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/V head),
 ``wide-gqa-short`` non-causal GQA calls around N=2048 (where the H200 parts from the H100) and
-``wide-gqa-short-check`` other such calls around the H200's limit;
+``wide-gqa-short-check`` other such calls around the H200's limit, ``wide-gqa-edge`` others
+around the H100's (2304, since the kernel's column-pair stores);
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
@@ -89,6 +91,11 @@ WIDE_GQA_SHORT = [(b, h, hkv, n, n, d, False) for d in (192, 176, 160, 144)
 # set did not have (184 and 136; 2, 7 and 8 query heads per K/V head) on either side of it
 WIDE_GQA_SHORT_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 160, 136)
                         for b, h, hkv in ((4, 32, 16), (2, 28, 4), (1, 64, 8)) for n in (2304, 2560, 2816)]
+# the H100's length_192_gqa (2304, set on ``wide-gqa-short`` and ``wide-gqa-short-check`` at da6d172,
+# after the column-pair stores) checked on head dims, groups and lengths neither had (152, 168,
+# 188; 4, 8 and 2 query heads per K/V head; 2176 and 2432), each at 2^28 pairs or more
+WIDE_GQA_EDGE = [(b, h, hkv, n, n, d, False) for d in (188, 168, 152)
+                 for b, h, hkv in ((2, 32, 8), (3, 24, 3), (1, 64, 32)) for n in (2176, 2304, 2432)]
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -122,6 +129,7 @@ SETS = {
     "wide-gqa-check": WIDE_GQA_CHECK,
     "wide-gqa-short": WIDE_GQA_SHORT,
     "wide-gqa-short-check": WIDE_GQA_SHORT_CHECK,
+    "wide-gqa-edge": WIDE_GQA_EDGE,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

@@ -132,7 +132,15 @@ GQA_GROUP = 2
 #:   3072 (2^28.2 pairs) 0.90-0.98, which 5120 and 2^29 handed over: ``length_causal_192_gqa``
 #:   4096, ``pairs_192_gqa`` 2^28 from GQA_GROUP query heads per K/V head; checked after on
 #:   ``wide-gqa-check`` (2, 7 and 8 per K/V head, …-59ea616-crossover-wide-gqa-check.md: every
-#:   call on its faster side, with the LSE too). Head dims the kernel pads to
+#:   call on its faster side, with the LSE too). Non-causal GQA calls there kept ``length_192``
+#:   3072 until the kernel wrote O in column pairs at head dims below 192 (da6d172, 5-8 % faster
+#:   at D 144-176): then ``wide-gqa-short`` (144-192; 4 x 32, 1 x 64, 2 x 40, all / 8) ran the
+#:   kernel at 0.93-1.04 of the faster SDPA's time at N=2048, 0.87-0.95 at 2560 (1.01-1.12 at
+#:   1792), and ``wide-gqa-short-check`` (136, 160, 184; 2, 7 and 8 per K/V head) at 0.88-1.02
+#:   at 2304 and 0.81-0.95 at 2560-2816 (with the LSE 0.93-1.05 and 0.85-0.98), all of which 3072
+#:   handed over (up to 24 % lost): ``length_192_gqa`` 2304 (…-da6d172-crossover-wide-gqa-short.md,
+#:   -wide-gqa-short-check and their LSE twins; one call 8 % from its faster side: 4 x 32 / 8 x
+#:   2048^2 at D=176, handed over with the kernel at 0.93). Head dims the kernel pads to
 #:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
 #:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x
 #:   4096^2 at D=96). Causal ones cross later: 3072 at D=80-112 and 4096 at D=32-48 ran 1-12 %
@@ -157,7 +165,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3584, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
-                      length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
+                      length_192_gqa=2304, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -176,7 +184,9 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: failed that check). Checked after on head dims 136, 160 and 184 with 2, 7 and 8 query heads
 #: per K/V head (…-NVIDIA_H200-c748037-crossover-wide-gqa-short-check.md and its LSE twin): at
 #: 2560 and 2816 the kernel 0.84-1.02 of SDPA's time; at 2304, handed over, 0.92-1.10 (4 x 32 / 16
-#: the kernel's by 7-8 %: the H200's crossover for large calls lies near 2048-2304).
+#: the kernel's by 7-8 %: the H200's crossover for large calls lies near 2048-2304). All of this
+#: before the kernel's column-pair stores at D 129-191 (da6d172), which moved the H100's
+#: ``length_192_gqa`` from 3072 to 2304: the H200 was not measured again since, and keeps 2560.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=2560)
 

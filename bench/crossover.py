@@ -1,8 +1,8 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
-                               wide-gqa-short wide-gqa-short-check wide-gqa-edge causal-rect gqa gqa-small
-                               padded padded-causal]
+                               wide-gqa-short wide-gqa-short-check wide-gqa-edge odd-dims causal-rect gqa
+                               gqa-small padded padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -24,7 +24,8 @@ on 192 of D=256's columns, ``wide-gqa`` those lengths with GQA (4 and 8 query he
 head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/V head),
 ``wide-gqa-short`` non-causal GQA calls around N=2048 (where the H200 parts from the H100) and
 ``wide-gqa-short-check`` other such calls around the H200's limit, ``wide-gqa-edge`` others
-around the H100's (2304, since the kernel's column-pair stores);
+around the H100's (2304, since the kernel's column-pair stores); ``odd-dims`` head dims that are
+not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash);
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
@@ -96,6 +97,11 @@ WIDE_GQA_SHORT_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 160, 136)
 # 188; 4, 8 and 2 query heads per K/V head; 2176 and 2432), each at 2^28 pairs or more
 WIDE_GQA_EDGE = [(b, h, hkv, n, n, d, False) for d in (188, 168, 152)
                  for b, h, hkv in ((2, 32, 8), (3, 24, 3), (1, 64, 32)) for n in (2176, 2304, 2432)]
+# head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
+# the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
+ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
+             for n in (1024, 1536, 2048, 3072)]
+            + [(1, 16, 16, n, n, d, False) for d in (60, 100, 140, 188, 250) for n in (2048, 4096)])
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -130,6 +136,7 @@ SETS = {
     "wide-gqa-short": WIDE_GQA_SHORT,
     "wide-gqa-short-check": WIDE_GQA_SHORT_CHECK,
     "wide-gqa-edge": WIDE_GQA_EDGE,
+    "odd-dims": ODD_DIMS,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

@@ -396,9 +396,15 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
 
 
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
-               causal: bool, heads_kv: Optional[int] = None) -> bool:
+               causal: bool, heads_kv: Optional[int] = None, cudnn: bool = True) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
     (``heads_kv``: K/V heads, as many as query heads when not given).
+
+    ``cudnn``: whether SDPA's cuDNN backend runs this head dim (:func:`cudnn_runs`). The longer
+    lengths of the head dims the kernel pads were measured against cuDNN, which runs them at their
+    width; where cuDNN cannot, SDPA runs flash (padded to a multiple of 8), which is slower than
+    cuDNN everywhere and far slower above 128 (D=188: 2.0-2.2x the kernel's time at N=2176,
+    bench/results/…-194c756-crossover-wide-gqa-edge.md), so those calls take the unpadded limits.
 
     Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
@@ -413,17 +419,17 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
         pairs = lim.pairs_causal_gqa if gqa else lim.pairs_causal
-        if head_dim < 64:  # run as 64 columns, zero-padded
+        if head_dim < 64 and cudnn:  # run as 64 columns, zero-padded
             length = max(length, lim.length_causal_padded_d64)
-        elif 64 < head_dim < 128:  # run as 128
+        elif 64 < head_dim < 128 and cudnn:  # run as 128
             length = max(length, lim.length_causal_padded)
-    if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
+    if 128 < head_dim <= 192 and cudnn:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
         if causal:
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
         else:
             length = max(length, lim.length_192_gqa if gqa else lim.length_192)
         pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
-    elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
+    elif 192 < head_dim < MAX_HEAD_DIM and cudnn:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
@@ -442,11 +448,17 @@ def cudnn_lse_head_dim(cudnn_version: Optional[int]) -> int:
     return next(dim for since, dim in CUDNN_LSE_HEAD_DIMS if cudnn_version >= since)
 
 
+def cudnn_runs(head_dim: int, max_head_dim: int) -> bool:
+    """Whether torch's cuDNN attention runs ``head_dim``: a multiple of 8 up to ``max_head_dim``
+    (the limits' ``lse_head_dim``, :func:`cudnn_lse_head_dim`: 0 without cuDNN)."""
+    return head_dim % 8 == 0 and head_dim <= max_head_dim
+
+
 def lse_to_sdpa(dims, max_head_dim: int) -> bool:
     """Whether a ``return_lse`` call can take its LSE from SDPA (_sdpa.sdpa_lse): a head dim
-    that is a multiple of 8 up to ``max_head_dim`` (the limits' ``lse_head_dim``) and more than
-    one key (torch's cuDNN attention refuses a single key)."""
-    return dims.head_dim % 8 == 0 and dims.head_dim <= max_head_dim and dims.len_k > 1
+    cuDNN runs (:func:`cudnn_runs`) and more than one key (torch's cuDNN attention refuses a
+    single key)."""
+    return cudnn_runs(dims.head_dim, max_head_dim) and dims.len_k > 1
 
 
 def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:
@@ -460,7 +472,8 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     if return_lse and not lse_to_sdpa(dims, lim.lse_head_dim):
         return False
     return dims.head_dim > lim.head_dim_above or short_call(lim, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
-                                                            dims.head_dim, causal, dims.heads_kv)
+                                                            dims.head_dim, causal, dims.heads_kv,
+                                                            cudnn_runs(dims.head_dim, lim.lse_head_dim))
 
 
 #: ``sageattn_varlen`` on the Hopper kernel runs packed sequences as the entries of a batch

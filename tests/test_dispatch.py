@@ -141,7 +141,8 @@ LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, 
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
-                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=128)
+                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
+CUDNN_128 = LIMITS._replace(lse_head_dim=128)  # cuDNN before 9.10: head dims up to 128
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
 
 
@@ -154,20 +155,20 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (WIDE_ONLY, _dims(4, 32, 16384, 16384, 129), False, False, True),
     (WIDE_ONLY, _dims(4, 32, 16384, 16384, 256), True, False, True),
     (WIDE_ONLY, _dims(4, 32, 16384, 16384, 128), False, False, False),
-    (LIMITS._replace(head_dim_above=128), _dims(4, 32, 16384, 16384, 256), False, True, False),  # the LSE: ours
+    (CUDNN_128._replace(head_dim_above=128), _dims(4, 32, 16384, 16384, 256), False, True, False),  # the LSE: ours
     (None, _dims(4, 32, 1024, 1024, 256), False, False, False),
     # head dims the kernel runs on 192 of 256 columns: from 3072 (causal 5120), pairs from 2^29
     (LIMITS, _dims(4, 32, 3071, 3071, 160), False, False, True),
     (LIMITS, _dims(4, 32, 3072, 3072, 160), False, False, False),
-    (LIMITS, _dims(4, 32, 5119, 5119, 129), True, False, True),
+    (LIMITS, _dims(4, 32, 5119, 5119, 136), True, False, True),
     (LIMITS, _dims(4, 32, 5120, 5120, 192), True, False, False),
     (LIMITS, _dims(1, 16, 4096, 4096, 192), False, False, True),  # 2^28 pairs: below 2^29
     (LIMITS, _dims(2, 16, 4096, 4096, 192), False, False, False),  # 2^29
     (LIMITS, _dims(1, 16, 6144, 6144, 176), True, False, True),  # causal: 2^29.2 < 2^30
     # head dims the kernel pads to 256 and computes whole: from 8192 (causal too), pairs as for the others
-    (LIMITS, _dims(4, 32, 8191, 8191, 193), False, False, True),
+    (LIMITS, _dims(4, 32, 8191, 8191, 200), False, False, True),
     (LIMITS, _dims(4, 32, 8192, 8192, 200), False, False, False),
-    (LIMITS, _dims(4, 32, 8191, 8191, 255), True, False, True),
+    (LIMITS, _dims(4, 32, 8191, 8191, 248), True, False, True),
     (LIMITS, _dims(4, 32, 8192, 8192, 224), True, False, False),
     (LIMITS, _dims(1, 2, 8192, 8192, 224), False, False, True),  # 2^27 pairs
     (LIMITS, _dims(4, 32, 2048, 2048, 256), False, False, False),  # D=256: the D=128 limits
@@ -186,24 +187,40 @@ def _dims(b, h, nq, nk, d, hkv=None):
     # 128 and 64
     (LIMITS, _dims(4, 32, 3583, 3583, 96), True, False, True),
     (LIMITS, _dims(4, 32, 3584, 3584, 80), True, False, False),
-    (LIMITS, _dims(4, 32, 3583, 3583, 127), True, False, True),
-    (LIMITS, _dims(4, 32, 3583, 3583, 65), True, False, True),
+    (LIMITS, _dims(4, 32, 3583, 3583, 120), True, False, True),
+    (LIMITS, _dims(4, 32, 3583, 3583, 72), True, False, True),
     (LIMITS, _dims(4, 32, 5119, 5119, 32), True, False, True),
     (LIMITS, _dims(4, 32, 5120, 5120, 48), True, False, False),
-    (LIMITS, _dims(4, 32, 5119, 5119, 1), True, False, True),
+    (LIMITS, _dims(4, 32, 5119, 5119, 8), True, False, True),
     (LIMITS, _dims(4, 32, 2048, 2048, 96), False, False, False),
     (LIMITS, _dims(4, 32, 2048, 2048, 32), False, False, False),
     (LIMITS, _dims(4, 32, 3583, 3583, 96), True, True, True),  # with the LSE likewise
     (LIMITS, _dims(4, 32, 3584, 16384, 96), True, False, False),  # more keys: a square call of Nq
     (LIMITS, _dims(4, 32, 3583, 16384, 96), True, False, True),
+    # head dims cuDNN does not run (not a multiple of 8, or above its limit): SDPA runs flash, and
+    # the padded head dims' longer lengths (measured against cuDNN) give way to the unpadded ones
+    (LIMITS, _dims(4, 32, 2048, 2048, 188, hkv=8), False, False, False),  # 2304 for 184
+    (LIMITS, _dims(4, 32, 2048, 2048, 184, hkv=8), False, False, True),
+    (LIMITS, _dims(4, 32, 2047, 2047, 188, hkv=8), False, False, True),
+    (LIMITS, _dims(4, 32, 2048, 2048, 250), False, False, False),  # 8192 for 248
+    (LIMITS, _dims(4, 32, 3072, 3072, 129), True, False, False),  # 5120 for 136
+    (LIMITS, _dims(4, 32, 3071, 3071, 129), True, False, True),
+    (LIMITS, _dims(4, 32, 3072, 3072, 100), True, False, False),  # 3584 for 96
+    (LIMITS, _dims(4, 32, 4096, 4096, 60), True, False, False),  # 5120 for 56; causal at D <= 64: 4096
+    (LIMITS, _dims(1, 16, 4095, 4096, 100), False, False, True),  # the pair limits stay
+    (LIMITS, _dims(2, 16, 4096, 4096, 188), False, False, False),  # 2^29 for 184
+    (LIMITS, _dims(1, 16, 4096, 4096, 188), False, False, False),  # (2^28)
+    (CUDNN_128, _dims(4, 32, 2048, 2048, 160), False, False, False),  # cuDNN before 9.10: 3072 for 160 with 9.10
+    (CUDNN_128, _dims(4, 32, 2048, 2048, 128), False, False, False),
+    (CUDNN_128, _dims(4, 32, 2047, 2047, 128), False, False, True),
     # return_lse: the LSE from SDPA's cuDNN attention (lse_to_sdpa), else our kernel
     (LIMITS, _dims(4, 32, 1024, 1024, 128), False, True, True),
     (LIMITS, _dims(4, 32, 2047, 2047, 64), True, True, True),
     (LIMITS, _dims(4, 32, 2048, 2048, 128), False, True, False),  # long enough: ours either way
     (LIMITS, _dims(4, 32, 1024, 1024, 96), False, True, True),
     (LIMITS, _dims(4, 32, 1024, 1024, 100), False, True, False),  # not a multiple of 8
-    (LIMITS, _dims(4, 32, 1024, 1024, 136), False, True, False),  # above 128
-    (LIMITS, _dims(4, 32, 1024, 1024, 256), False, True, False),
+    (CUDNN_128, _dims(4, 32, 1024, 1024, 136), False, True, False),  # above 128
+    (CUDNN_128, _dims(4, 32, 1024, 1024, 256), False, True, False),
     (LIMITS, _dims(2, 24, 64, 16384, 128), False, True, True),  # decode-like
     (LIMITS, _dims(2, 24, 64, 1024, 128), True, True, True),  # causal Nq != Nk
     (LIMITS, _dims(2, 24, 4096, 512, 128), True, True, True),
@@ -414,7 +431,7 @@ def test_short_call_route_costs_little_on_every_measured_shape(run):
         us = r["us"]
         sdpa, kernel = min(us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us), us["kernel"]
         short = dispatch.short_call(limits, r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"],
-                                    r.get("hkv"))
+                                    r.get("hkv"), dispatch.cudnn_runs(r["d"], limits.lse_head_dim))
         shape = (r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"])
         assert (sdpa if short else kernel) <= ROUTE_COST.get((run, shape), 1.06) * min(sdpa, kernel), shape
 

@@ -165,7 +165,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3584, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
-                      length_192_gqa=2304, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
+                      length_192_gqa=2176, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -396,15 +396,9 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
 
 
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
-               causal: bool, heads_kv: Optional[int] = None, cudnn: bool = True) -> bool:
+               causal: bool, heads_kv: Optional[int] = None) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
     (``heads_kv``: K/V heads, as many as query heads when not given).
-
-    ``cudnn``: whether SDPA's cuDNN backend runs this head dim (:func:`cudnn_runs`). The longer
-    lengths of the head dims the kernel pads were measured against cuDNN, which runs them at their
-    width; where cuDNN cannot, SDPA runs flash (padded to a multiple of 8), which is slower than
-    cuDNN everywhere and far slower above 128 (D=188: 2.0-2.2x the kernel's time at N=2176,
-    bench/results/…-194c756-crossover-wide-gqa-edge.md), so those calls take the unpadded limits.
 
     Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
@@ -419,17 +413,17 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
         pairs = lim.pairs_causal_gqa if gqa else lim.pairs_causal
-        if head_dim < 64 and cudnn:  # run as 64 columns, zero-padded
+        if head_dim < 64:  # run as 64 columns, zero-padded
             length = max(length, lim.length_causal_padded_d64)
-        elif 64 < head_dim < 128 and cudnn:  # run as 128
+        elif 64 < head_dim < 128:  # run as 128
             length = max(length, lim.length_causal_padded)
-    if 128 < head_dim <= 192 and cudnn:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
+    if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
         if causal:
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
         else:
             length = max(length, lim.length_192_gqa if gqa else lim.length_192)
         pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
-    elif 192 < head_dim < MAX_HEAD_DIM and cudnn:  # run as MAX_HEAD_DIM, zero-padded
+    elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
     return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
@@ -448,32 +442,31 @@ def cudnn_lse_head_dim(cudnn_version: Optional[int]) -> int:
     return next(dim for since, dim in CUDNN_LSE_HEAD_DIMS if cudnn_version >= since)
 
 
-def cudnn_runs(head_dim: int, max_head_dim: int) -> bool:
-    """Whether torch's cuDNN attention runs ``head_dim``: a multiple of 8 up to ``max_head_dim``
-    (the limits' ``lse_head_dim``, :func:`cudnn_lse_head_dim`: 0 without cuDNN)."""
-    return head_dim % 8 == 0 and head_dim <= max_head_dim
-
-
 def lse_to_sdpa(dims, max_head_dim: int) -> bool:
     """Whether a ``return_lse`` call can take its LSE from SDPA (_sdpa.sdpa_lse): a head dim
-    cuDNN runs (:func:`cudnn_runs`) and more than one key (torch's cuDNN attention refuses a
-    single key)."""
-    return cudnn_runs(dims.head_dim, max_head_dim) and dims.len_k > 1
+    that is a multiple of 8 up to ``max_head_dim`` (the limits' ``lse_head_dim``) and more than
+    one key (torch's cuDNN attention refuses a single key)."""
+    return dims.head_dim % 8 == 0 and dims.head_dim <= max_head_dim and dims.len_k > 1
 
 
 def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:
     """Whether ``sageattn`` hands this call (``dims``: _checks.Dims) to SDPA by the choice's
     :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
-    for the kernel (:func:`short_call`). With ``return_lse`` only where SDPA can give the LSE
+    for the kernel (:func:`short_call`) at a head dim that is a multiple of 8. With ``return_lse`` only where SDPA can give the LSE
     (:func:`lse_to_sdpa`); the other LSE calls keep our kernel."""
     if limits is None:
         return False
     lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
     if return_lse and not lse_to_sdpa(dims, lim.lse_head_dim):
         return False
-    return dims.head_dim > lim.head_dim_above or short_call(lim, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
-                                                            dims.head_dim, causal, dims.heads_kv,
-                                                            cudnn_runs(dims.head_dim, lim.lse_head_dim))
+    if dims.head_dim > lim.head_dim_above:
+        return True
+    # Head dims that are not multiples of 8 SDPA runs only on flash, padded (cuDNN refuses them),
+    # and there the kernel was 1.2-2.5x faster on every measured shape, from 1 x 16 x 2048^2 and
+    # 4 x 32 x 1024^2 (…-ca170a2-crossover-odd-dims.md, …-194c756-crossover-wide-gqa-edge.md):
+    # the limits, measured against cuDNN, are not theirs.
+    return dims.head_dim % 8 == 0 and short_call(lim, dims.batch, dims.heads_q, dims.len_q, dims.len_k,
+                                                 dims.head_dim, causal, dims.heads_kv)
 
 
 #: ``sageattn_varlen`` on the Hopper kernel runs packed sequences as the entries of a batch

@@ -1,8 +1,8 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
-                               wide-gqa-short wide-gqa-short-check wide-gqa-edge wide-gqa-edge-check odd-dims
-                               causal-rect gqa gqa-small padded padded-causal]
+                               wide-gqa-short wide-gqa-short-check wide-gqa-edge wide-gqa-edge-check
+                               wide-gqa-2112 odd-dims causal-rect gqa gqa-small padded padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -25,7 +25,7 @@ head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/
 ``wide-gqa-short`` non-causal GQA calls around N=2048 (where the H200 parts from the H100) and
 ``wide-gqa-short-check`` other such calls around the H200's limit, ``wide-gqa-edge`` others
 around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
-``wide-gqa-edge-check`` others around 2176; ``odd-dims`` head dims that are
+``wide-gqa-edge-check`` others around 2176 and ``wide-gqa-2112`` around 2112; ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash);
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
@@ -103,6 +103,11 @@ WIDE_GQA_EDGE = [(b, h, hkv, n, n, d, False) for d in (188, 168, 152)
 # 64, 80 and 96 query heads) at 2112, 2176 and 2240
 WIDE_GQA_EDGE_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 176, 144)
                        for b, h, hkv in ((4, 16, 2), (2, 40, 20), (2, 48, 12)) for n in (2112, 2176, 2240)]
+# which put it lower still (at 2112 the kernel 0.87-0.99, at 2176 0.96-1.09: N=2176 runs 11 1/3
+# 192-row tiles): length_192_gqa 2112, checked on groups and lengths none of the three had (4, 8 and
+# 2 query heads per K/V head with 96, 96 and 72 query heads; 2080, 2112 and 2144)
+WIDE_GQA_2112 = [(b, h, hkv, n, n, d, False) for d in (184, 168, 152)
+                 for b, h, hkv in ((4, 24, 6), (1, 96, 12), (2, 36, 18)) for n in (2080, 2112, 2144)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -143,6 +148,7 @@ SETS = {
     "wide-gqa-short-check": WIDE_GQA_SHORT_CHECK,
     "wide-gqa-edge": WIDE_GQA_EDGE,
     "wide-gqa-edge-check": WIDE_GQA_EDGE_CHECK,
+    "wide-gqa-2112": WIDE_GQA_2112,
     "odd-dims": ODD_DIMS,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,

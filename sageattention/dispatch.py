@@ -78,6 +78,8 @@ class HandOver(NamedTuple):
     query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
     ``length_192_gqa`` and ``length_causal_192_gqa`` instead of ``length_192`` and
     ``length_causal_192``.
+    Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
+    padded, slower than the kernel at every measured size (:func:`goes_to_sdpa`).
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
     ``lse_head_dim`` (:func:`lse_to_sdpa`; :func:`select` lowers it to what the cuDNN present
     runs, :data:`CUDNN_LSE_HEAD_DIMS`)."""
@@ -139,8 +141,14 @@ GQA_GROUP = 2
 #:   1792), and ``wide-gqa-short-check`` (136, 160, 184; 2, 7 and 8 per K/V head) at 0.88-1.02
 #:   at 2304 and 0.81-0.95 at 2560-2816 (with the LSE 0.93-1.05 and 0.85-0.98), all of which 3072
 #:   handed over (up to 24 % lost): ``length_192_gqa`` 2304 (…-da6d172-crossover-wide-gqa-short.md,
-#:   -wide-gqa-short-check and their LSE twins; one call 8 % from its faster side: 4 x 32 / 8 x
-#:   2048^2 at D=176, handed over with the kernel at 0.93). Head dims the kernel pads to
+#:   -wide-gqa-short-check and their LSE twins). Each check after put the crossover lower:
+#:   ``wide-gqa-edge`` (152, 168; 2176 0.90-0.98, …-194c756-…), ``wide-gqa-edge-check`` (2112
+#:   0.87-0.99, 2176 0.96-1.09: N=2176 fills 11 1/3 tiles of 192 rows, …-f8ee2e6-…),
+#:   ``wide-gqa-2112`` (72 and 96 query heads: 2080 0.81-0.97, …-a440fbd-…): ``length_192_gqa``
+#:   2080, set on all five runs (none left to check it), three calls 7-9 % from their faster side
+#:   (4 x 32 / 8 x 2048^2 at D=176 handed over, kernel 0.93; 2 x 40 / 20 x 2176^2 with the LSE
+#:   kept, 1.07-1.09): the crossover moves with the call's head count and tiles by ±10 %, more
+#:   than one length can follow. Head dims the kernel pads to
 #:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
 #:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x
 #:   4096^2 at D=96). Causal ones cross later: 3072 at D=80-112 and 4096 at D=32-48 ran 1-12 %
@@ -165,7 +173,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3584, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
-                      length_192_gqa=2112, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
+                      length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -185,8 +193,8 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: per K/V head (…-NVIDIA_H200-c748037-crossover-wide-gqa-short-check.md and its LSE twin): at
 #: 2560 and 2816 the kernel 0.84-1.02 of SDPA's time; at 2304, handed over, 0.92-1.10 (4 x 32 / 16
 #: the kernel's by 7-8 %: the H200's crossover for large calls lies near 2048-2304). All of this
-#: before the kernel's column-pair stores at D 129-191 (da6d172), which moved the H100's
-#: ``length_192_gqa`` from 3072 to 2304: the H200 was not measured again since, and keeps 2560.
+#: before the kernel's column-pair stores at D 129-191 (79a6f1a), which moved the H100's
+#: ``length_192_gqa`` from 3072 to 2080: the H200 was not measured again since, and keeps 2560.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=2560)
 
@@ -462,7 +470,7 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     if dims.head_dim > lim.head_dim_above:
         return True
     # Head dims that are not multiples of 8 SDPA runs only on flash, padded (cuDNN refuses them),
-    # and there the kernel was 1.2-2.5x faster on every measured shape, from 1 x 16 x 2048^2 and
+    # and there the kernel was 1.18-2.5x faster on every measured shape, from 1 x 16 x 2048^2 and
     # 4 x 32 x 1024^2 (…-ca170a2-crossover-odd-dims.md, …-194c756-crossover-wide-gqa-edge.md):
     # the limits, measured against cuDNN, are not theirs.
     return dims.head_dim % 8 == 0 and short_call(lim, dims.batch, dims.heads_q, dims.len_q, dims.len_k,

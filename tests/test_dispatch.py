@@ -96,7 +96,7 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
-    keeps from N=2560 (the H100 from 2304, measured after the column-pair stores; the H200
+    keeps from N=2560 (the H100 from 2080, measured after the column-pair stores; the H200
     before them); without the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
     assert diff == {"length_192_gqa"}
@@ -199,7 +199,7 @@ def _dims(b, h, nq, nk, d, hkv=None):
     # head dims that are not multiples of 8 (SDPA: flash, padded; cuDNN refuses them): no call is
     # short, only head dims above head_dim_above go
     (LIMITS, _dims(4, 32, 2048, 2048, 188, hkv=8), False, False, False),
-    (LIMITS, _dims(4, 32, 2048, 2048, 184, hkv=8), False, False, True),  # 2304 at 184
+    (LIMITS, _dims(4, 32, 2048, 2048, 184, hkv=8), False, False, True),  # 3072 at 184 (these limits)
     (LIMITS, _dims(1, 16, 512, 512, 60), False, False, False),
     (LIMITS, _dims(1, 16, 512, 512, 56), False, False, True),
     (LIMITS, _dims(4, 32, 3583, 3583, 100), True, False, False),
@@ -362,12 +362,15 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # and checked after on head dims and groups it did not have (184, 136; 2, 7 and 8)
                     "2026-11-27-NVIDIA_H200-c748037-crossover-wide-gqa-short-check": 27,
                     # the H100 after the column-pair stores (da6d172): wide-narrow, and the two sets
-                    # its length_192_gqa (2304) was set on
+                    # its length_192_gqa was first set on (2304; 2080 since)
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-narrow": 40,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short": 36,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short-check": 27,
                     # and checked after on head dims, groups and lengths they did not have (194c756)
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-194c756-crossover-wide-gqa-edge": 27,
+                    # and two more around the lengths it moved to (2176, then 2112; now 2080)
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-wide-gqa-edge-check": 27,
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-a440fbd-crossover-wide-gqa-2112": 27,
                     # head dims that are not multiples of 8 (SDPA runs flash): never short
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-ca170a2-crossover-odd-dims": 50})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
@@ -390,10 +393,14 @@ def _current_kernel(run: str, d: int) -> bool:
 # at D 144-176 the set's shapes ran 1-11 % slower in the kernel (dbe9fc0's wide-gqa-short), and causal
 # at 3072 (under length_causal_192_gqa, 4096), the kernel 6-7 % faster there, 2-6 % slower on the
 # H100 but for 4 x 32 / 8 (4-6 % faster), and at D=160 the same calls 0-8 % faster on cuDNN
-# (78df896; the H100: 59ea616, 64e6cf3); on the H100 after the column-pair stores (da6d172), one
-# call under its length_192_gqa (2304): 4 x 32 / 8 x 2048^2 at D=176, the kernel 7 % faster (at
-# D 144-192 the set's other 2048 calls ran 0.95-1.04)
+# (78df896; the H100: 59ea616, 64e6cf3); on the H100 after the column-pair stores (da6d172), non-causal
+# GQA around its length_192_gqa (2080), where the crossover moves with the shape: one call under it,
+# 4 x 32 / 8 x 2048^2 at D=176, the kernel 7 % faster (the set's other 2048 calls 0.95-1.04), and
+# two with the LSE above it, 2 x 40 / 20 x 2176^2 at D=192 and 144, the kernel 7-9 % slower (2176
+# rows fill 11 1/3 tiles of 192; at 2112 and 2240 the same calls ran 0.95-1.03)
 ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short", (4, 32, 2048, 2048, 176, False)): 1.08,
+              ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 192, False)): 1.09,
+              ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 144, False)): 1.08,
               ("2026-11-24-NVIDIA_H200-a85d959-crossover-padded-gqa-small", (2, 24, 2048, 2048, 128, False)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa", (4, 32, 2048, 2048, 192, False)): 1.15,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-lse-wide-gqa", (4, 32, 2048, 2048, 192, False)): 1.09,
@@ -457,7 +464,9 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             # the H100 after the column-pair stores, its length_192_gqa (2304) set with these
             "2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-lse-wide-gqa-short": 36,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-lse-wide-gqa-short-check": 27,
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-194c756-crossover-lse-wide-gqa-edge": 27}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-194c756-crossover-lse-wide-gqa-edge": 27,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check": 27,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-a440fbd-crossover-lse-wide-gqa-2112": 27}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

@@ -46,7 +46,8 @@ def main() -> None:
                   f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1} "
                   f"(2^{s.pairs_causal_gqa.bit_length() - 1} with {dispatch.GQA_GROUP} or more query heads "
                   "per K/V head) "
-                  "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits)")
+                  "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits); "
+                  "no call at a head dim that is not a multiple of 8 (SDPA runs those on flash, slower)")
             print(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
                   f"(cuDNN {dispatch._cudnn_version()}), two keys or more (o and the LSE from torch's cuDNN "
                   "attention); the others run the kernel")

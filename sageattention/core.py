@@ -147,8 +147,9 @@ def sageattn(
 
     On H100-class GPUs (H100, H800, H200, GH200), calls go to SDPA (cuDNN first, exact) where
     cuDNN is faster: calls too short for the quantization to pay (``dispatch.HAND_OVER``: about
-    N < 2048, causal N < 3072, decode-like Nq; N < 8192 for head dims between 128 and 256, which
-    the kernel pads to 256), and head dims above 128 when the sm90 kernel is missing (the other
+    N < 2048, causal N < 3072, decode-like Nq; longer for head dims the kernel pads while cuDNN
+    runs them at their width; none at head dims that are not multiples of 8, which cuDNN refuses
+    and SDPA runs on a slower flash), and head dims above 128 when the sm90 kernel is missing (the other
     kernels are 2-4x slower than cuDNN there). With ``return_lse`` only head dims that are
     multiples of 8 up to 128 (256 with cuDNN 9.10 or newer) with two keys or more go
     (``dispatch.lse_to_sdpa``: o and the LSE come from torch's cuDNN attention). Causal calls

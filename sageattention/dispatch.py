@@ -460,8 +460,9 @@ def lse_to_sdpa(dims, max_head_dim: int) -> bool:
 def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse: bool) -> bool:
     """Whether ``sageattn`` hands this call (``dims``: _checks.Dims) to SDPA by the choice's
     :class:`HandOver` ``limits`` (None: never): a head dim above its limit, or a call too small
-    for the kernel (:func:`short_call`) at a head dim that is a multiple of 8. With ``return_lse`` only where SDPA can give the LSE
-    (:func:`lse_to_sdpa`); the other LSE calls keep our kernel."""
+    for the kernel (:func:`short_call`) at a head dim that is a multiple of 8. With
+    ``return_lse`` only where SDPA can give the LSE (:func:`lse_to_sdpa`); the other LSE calls
+    keep our kernel."""
     if limits is None:
         return False
     lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)

@@ -103,8 +103,8 @@ WIDE_GQA_EDGE = [(b, h, hkv, n, n, d, False) for d in (188, 168, 152)
 # 64, 80 and 96 query heads) at 2112, 2176 and 2240
 WIDE_GQA_EDGE_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 176, 144)
                        for b, h, hkv in ((4, 16, 2), (2, 40, 20), (2, 48, 12)) for n in (2112, 2176, 2240)]
-# which put it lower still (at 2112 the kernel 0.87-0.99, at 2176 0.96-1.09: N=2176 runs 11 1/3
-# 192-row tiles): length_192_gqa 2112, checked on groups and lengths none of the three had (4, 8 and
+# which put it lower still (at 2112 the kernel 0.87-0.99, at 2176 0.96-1.09: cuDNN runs multiples
+# of 128 best): length_192_gqa 2112, checked on groups and lengths none of the three had (4, 8 and
 # 2 query heads per K/V head with 96, 96 and 72 query heads; 2080, 2112 and 2144)
 WIDE_GQA_2112 = [(b, h, hkv, n, n, d, False) for d in (184, 168, 152)
                  for b, h, hkv in ((4, 24, 6), (1, 96, 12), (2, 36, 18)) for n in (2080, 2112, 2144)]

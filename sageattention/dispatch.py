@@ -143,11 +143,11 @@ GQA_GROUP = 2
 #:   handed over (up to 24 % lost): ``length_192_gqa`` 2304 (…-da6d172-crossover-wide-gqa-short.md,
 #:   -wide-gqa-short-check and their LSE twins). Each check after put the crossover lower:
 #:   ``wide-gqa-edge`` (152, 168; 2176 0.90-0.98, …-194c756-…), ``wide-gqa-edge-check`` (2112
-#:   0.87-0.99, 2176 0.96-1.09: N=2176 fills 11 1/3 tiles of 192 rows, …-f8ee2e6-…),
+#:   0.87-0.99, 2176 0.96-1.09: cuDNN runs multiples of 128 best, …-f8ee2e6-…),
 #:   ``wide-gqa-2112`` (72 and 96 query heads: 2080 0.81-0.97, …-a440fbd-…): ``length_192_gqa``
 #:   2080, set on all five runs (none left to check it), three calls 7-9 % from their faster side
 #:   (4 x 32 / 8 x 2048^2 at D=176 handed over, kernel 0.93; 2 x 40 / 20 x 2176^2 with the LSE
-#:   kept, 1.07-1.09): the crossover moves with the call's head count and tiles by ±10 %, more
+#:   kept, 1.07-1.09): the crossover moves with the call's head count and N by ±10 %, more
 #:   than one length can follow. Head dims the kernel pads to
 #:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
 #:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x

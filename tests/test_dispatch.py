@@ -396,8 +396,8 @@ def _current_kernel(run: str, d: int) -> bool:
 # (78df896; the H100: 59ea616, 64e6cf3); on the H100 after the column-pair stores (da6d172), non-causal
 # GQA around its length_192_gqa (2080), where the crossover moves with the shape: one call under it,
 # 4 x 32 / 8 x 2048^2 at D=176, the kernel 7 % faster (the set's other 2048 calls 0.95-1.04), and
-# two with the LSE above it, 2 x 40 / 20 x 2176^2 at D=192 and 144, the kernel 7-9 % slower (2176
-# rows fill 11 1/3 tiles of 192; at 2112 and 2240 the same calls ran 0.95-1.03)
+# two with the LSE above it, 2 x 40 / 20 x 2176^2 at D=192 and 144, the kernel 7-9 % slower (cuDNN
+# runs multiples of 128 best; at 2112 and 2240 the same calls ran 0.95-1.03)
 ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short", (4, 32, 2048, 2048, 176, False)): 1.08,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 192, False)): 1.09,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 144, False)): 1.08,

@@ -182,21 +182,20 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
-#: first two with the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the quantization cheaper,
-#: and with GQA the kernel reads K and V of fewer heads: at head dims 129-192, non-causal, 8 query
-#: heads per K/V head, N=2560 ran 0.84-0.97 of the faster SDPA's time at D 144-192
-#: (…-NVIDIA_H200-dbe9fc0-crossover-wide-gqa-short.md, the LSE twin 0.88-0.97), which
-#: ``length_192`` 3072 handed over (the kernel up to 19 % faster): ``length_192_gqa`` 2560. At
-#: 2048 the kernel won only at D=192 (0.87-0.98; 1.01-1.11 at D 144-176), so 2048 stays with
-#: cuDNN (a first try at 2048, set from the D=192 and 160 rows of -wide-gqa and -wide-gqa-check,
-#: failed that check). Checked after on head dims 136, 160 and 184 with 2, 7 and 8 query heads
-#: per K/V head (…-NVIDIA_H200-c748037-crossover-wide-gqa-short-check.md and its LSE twin): at
-#: 2560 and 2816 the kernel 0.84-1.02 of SDPA's time; at 2304, handed over, 0.92-1.10 (4 x 32 / 16
-#: the kernel's by 7-8 %: the H200's crossover for large calls lies near 2048-2304). All of this
-#: before the kernel's column-pair stores at D 129-191 (79a6f1a), which moved the H100's
-#: ``length_192_gqa`` from 3072 to 2080: the H200 was not measured again since, and keeps 2560.
+#: first two with the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the
+#: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
+#: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
+#: the H100. Measured after the column-pair stores at D 129-191 (79a6f1a), at ef638f6
+#: (…-NVIDIA_H200-ef638f6-crossover-wide-gqa-short.md, -short-check, -edge-check and -2112, each
+#: with its LSE twin; 2 to 8 query heads per K/V head, D 136-192): at N=2048 the kernel took
+#: 0.89-0.98 of the faster SDPA's time (LSE 0.91-1.03), at 2080-2304 0.75-1.00 (LSE 0.79-1.04;
+#: the worst at 2176, a multiple of 128, which cuDNN runs best), at 1792 0.93-1.06 (LSE
+#: 0.99-1.10): ``length_192_gqa`` 2048, the ``length`` of head dims up to 128 (32 keys below
+#: the H100's 2080); the one call it hands over more than 6 % from its faster side is 4 x 32 / 8
+#: x 1792^2 at D=176, the kernel 7 % faster. (Before the pair stores the H200 kept these calls
+#: from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.)
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2560)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

@@ -47,7 +47,8 @@ fi
 if has gpu; then
   stamp "full GPU suite"
   # (the whole suite ran past 570 s at -n 14 on an H100 at da6d172: split it over two calls with
-  # PYTEST_FILES, e.g. "tests/test_gpu.py" and then the other files; --durations says where it goes)
+  # PYTEST_FILES, "tests/test_gpu.py" (467 s at -n 15 on an H200, ef638f6) and then the other
+  # files (258 s at -n 14); --durations says where it goes)
   python -m pytest -q ${PYTEST_FILES:-tests} -n ${PYTEST_WORKERS:-12} -p no:cacheprovider --durations=25 \
     ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/test_all.log" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)" "$OUT/test_all.log" | head -30; tail -3 "$OUT/test_all.log"

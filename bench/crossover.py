@@ -2,7 +2,8 @@
 
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
                                wide-gqa-short wide-gqa-short-check wide-gqa-edge wide-gqa-edge-check
-                               wide-gqa-2112 odd-dims causal-rect gqa gqa-small padded padded-causal]
+                               wide-gqa-2112 odd-dims odd-dims-small causal-rect gqa gqa-small padded
+                               padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
@@ -26,7 +27,8 @@ head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/
 ``wide-gqa-short-check`` other such calls around the H200's limit, ``wide-gqa-edge`` others
 around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
 ``wide-gqa-edge-check`` others around 2176 and ``wide-gqa-2112`` around 2112; ``odd-dims`` head dims that are
-not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash);
+not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
+``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
@@ -113,6 +115,14 @@ WIDE_GQA_2112 = [(b, h, hkv, n, n, d, False) for d in (184, 168, 152)
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
              for n in (1024, 1536, 2048, 3072)]
             + [(1, 16, 16, n, n, d, False) for d in (60, 100, 140, 188, 250) for n in (2048, 4096)])
+# the same head dims on calls far below those: the rule that never hands them over (set on
+# ``odd-dims``, whose smallest call is 1 x 16 x 2048^2, 2^26 pairs) checked where host work and
+# launches decide (1 x 8 at N 128 and 512, causal or not; 4 x 32 x 512^2; one-query decode
+# against 4096 keys with 4 query heads per K/V head; 128-query chunks against 8192 keys)
+ODD_DIMS_SMALL = ([(1, 8, 8, n, n, d, c) for d in (60, 100, 140, 188, 250) for n in (128, 512) for c in (False, True)]
+                  + [(4, 32, 32, 512, 512, d, False) for d in (60, 100, 140, 188, 250)]
+                  + [(4, 32, 8, 1, 4096, d, False) for d in (60, 100, 140, 188, 250)]
+                  + [(2, 24, 24, 128, 8192, d, False) for d in (60, 100, 140, 188, 250)])
 # GQA as LLMs use it (query heads per K/V head: 4 x 32 / 8 and 1 x 64 / 8 as Llama-3 8B and 70B,
 # 2 x 28 / 4 as Qwen2 7B, 1 x 32 / 4); the limits were measured on as many K/V heads as query heads
 GQA = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 8), (1, 64, 8), (2, 28, 4), (1, 32, 4))),
@@ -150,6 +160,7 @@ SETS = {
     "wide-gqa-edge-check": WIDE_GQA_EDGE_CHECK,
     "wide-gqa-2112": WIDE_GQA_2112,
     "odd-dims": ODD_DIMS,
+    "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,
     "gqa": GQA,
     "gqa-small": GQA_SMALL,

@@ -338,7 +338,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
     const bool causal = p.causal != 0;
     // (D=256, which writes O by plain stores: 4-byte pairs also where it computes more columns
     // than the output has, even head dims 130-254; full-width-only pairs made those 2-byte stores,
-    // 7-10 % of the kernel at N=2048, bench/NOTES.md)
+    // 7-10 % of the kernel at N=2048, bench/NOTES.md. D=64 and 128 keep full-width pairs: their
+    // plain stores serve outputs TMA cannot store (head dims that are not multiples of 8) and
+    // packed sequences (all of D=64's, D=128's partial last boxes), and the same change made
+    // ptxas spill more in the dense instances, 12 -> 16 bytes at D=64 and 68 -> 84 in D=128's
+    // three-consumer one (the packed ones unchanged), -Xptxas=-v at 36c270a; not measured on a GPU.)
     const bool pairs = D == 256 ? out_pairs_even(p) : out_pairs_ok(p, DA);
 
     // Ping-pong: the consumers take turns issuing their GEMMs in a ring (named barriers 1 to

@@ -2,7 +2,8 @@
 
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
                                wide-gqa-short wide-gqa-short-check wide-gqa-edge wide-gqa-edge-check
-                               wide-gqa-2112 odd-dims odd-dims-small causal-rect gqa gqa-small padded
+                               wide-gqa-2112 wide-gqa-2048 odd-dims odd-dims-small causal-rect gqa
+                               gqa-small padded
                                padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
@@ -26,7 +27,8 @@ head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/
 ``wide-gqa-short`` non-causal GQA calls around N=2048 (where the H200 parts from the H100) and
 ``wide-gqa-short-check`` other such calls around the H200's limit, ``wide-gqa-edge`` others
 around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
-``wide-gqa-edge-check`` others around 2176 and ``wide-gqa-2112`` around 2112; ``odd-dims`` head dims that are
+``wide-gqa-edge-check`` others around 2176, ``wide-gqa-2112`` around 2112 and ``wide-gqa-2048``
+around 2048 (the H200's, since the pair stores); ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -110,6 +112,11 @@ WIDE_GQA_EDGE_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 176, 144)
 # 2 query heads per K/V head with 96, 96 and 72 query heads; 2080, 2112 and 2144)
 WIDE_GQA_2112 = [(b, h, hkv, n, n, d, False) for d in (184, 168, 152)
                  for b, h, hkv in ((4, 24, 6), (1, 96, 12), (2, 36, 18)) for n in (2080, 2112, 2144)]
+# the H200's length_192_gqa (2048, set on the four sets above at ef638f6, after the column-pair
+# stores) and the H100's (2080) checked on groups, head dims and lengths none of them had (8, 3
+# and 4 query heads per K/V head with 32, 48 and 40; 1920, 1984, 2048 and 2112)
+WIDE_GQA_2048 = [(b, h, hkv, n, n, d, False) for d in (184, 160, 136)
+                 for b, h, hkv in ((2, 32, 4), (1, 48, 16), (3, 40, 10)) for n in (1920, 1984, 2048, 2112)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -159,6 +166,7 @@ SETS = {
     "wide-gqa-edge": WIDE_GQA_EDGE,
     "wide-gqa-edge-check": WIDE_GQA_EDGE_CHECK,
     "wide-gqa-2112": WIDE_GQA_2112,
+    "wide-gqa-2048": WIDE_GQA_2048,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

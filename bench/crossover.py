@@ -3,8 +3,7 @@
     python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
                                wide-gqa-short wide-gqa-short-check wide-gqa-edge wide-gqa-edge-check
                                wide-gqa-2112 wide-gqa-2048 odd-dims odd-dims-small causal-rect gqa
-                               gqa-small padded
-                               padded-causal]
+                               gqa-small padded padded-causal]
                               [--lse] [--repeats 3] [--out bench/results]
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:

@@ -193,7 +193,10 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: 0.99-1.10): ``length_192_gqa`` 2048, the ``length`` of head dims up to 128 (32 keys below
 #: the H100's 2080); the one call it hands over more than 6 % from its faster side is 4 x 32 / 8
 #: x 1792^2 at D=176, the kernel 7 % faster. (Before the pair stores the H200 kept these calls
-#: from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.)
+#: from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.) A check after on other
+#: groups (…-NVIDIA_H200-8da278a-crossover-wide-gqa-2048.md) put the crossover lower still, under
+#: what these fields can express (they only raise ``length`` and ``pairs``): 12 of 24 calls
+#: handed over there ran 8-24 % faster in the kernel. Known, not changed.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
 

@@ -448,6 +448,22 @@ def _limits_of(run: dict) -> dispatch.HandOver:
     return limits
 
 
+def _shape(r: dict) -> tuple:
+    """A recorded row's key in ROUTE_COST: (B, Hq, Nq, Nk, D, causal)."""
+    return r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"]
+
+
+def _routed(run: dict, r: dict, lse: bool):
+    """(whether today's limits hand the row to SDPA, SDPA's time, the kernel's time) for a row of a
+    recorded run: SDPA's time is cuDNN's with the LSE (where sageattn sends those calls), else
+    the faster backend's."""
+    us = r["us"]
+    sdpa = us["sdpa_cudnn"] if lse else min(us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us)
+    go = dispatch.goes_to_sdpa(_limits_of(run), _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r.get("hkv")),
+                               r["causal"], lse)
+    return go, sdpa, us["kernel"]
+
+
 @pytest.mark.parametrize("run", sorted(ROUTED_RUNS))
 def test_short_call_route_costs_little_on_every_measured_shape(run):
     """Where the limits send a call (SDPA's faster backend, or the kernel) is within 6 % of the
@@ -455,14 +471,11 @@ def test_short_call_route_costs_little_on_every_measured_shape(run):
     the limits are applied to (its worst: 2 x 24 x 4096^2 causal, handed over with the kernel 5 %
     faster), but for the shape in ROUTE_COST."""
     data = json.loads((RESULTS / f"{run}.json").read_text())
-    rows, limits = data["rows"], _limits_of(data)
+    rows = data["rows"]
     assert len(rows) == ROUTED_RUNS[run]
     for r in filter(lambda r: _current_kernel(run, r["d"]), rows):
-        us = r["us"]
-        sdpa, kernel = min(us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us), us["kernel"]
-        short = dispatch.goes_to_sdpa(limits, _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r.get("hkv")),
-                                      r["causal"], False)
-        shape = (r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"])
+        short, sdpa, kernel = _routed(data, r, False)
+        shape = _shape(r)
         assert (sdpa if short else kernel) <= ROUTE_COST.get((run, shape), 1.06) * min(sdpa, kernel), shape
 
 
@@ -507,18 +520,17 @@ def test_lse_route_costs_little_on_every_measured_shape(run):
     D=96 causal 3072, kept with cuDNN 6-7 % faster until the causal limit for padded head dims),
     but for the shapes in ROUTE_COST."""
     data = json.loads((RESULTS / f"{run}.json").read_text())
-    rows, limits = data["rows"], _limits_of(data)
+    rows = data["rows"]
     assert len(rows) == LSE_RUNS[run] and all(r["lse"] for r in rows)
     for r in filter(lambda r: _current_kernel(run, r["d"]), rows):
-        go = dispatch.goes_to_sdpa(limits, _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r["hkv"]),
-                                   r["causal"], True)
         if "sdpa_cudnn" not in r["us"]:  # a head dim cuDNN refused: the kernel's call
+            go = dispatch.goes_to_sdpa(_limits_of(data), _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r["hkv"]),
+                                       r["causal"], True)
             assert not go and r["d"] % 8, r
             continue
-        sdpa, kernel = r["us"]["sdpa_cudnn"], r["us"]["kernel"]
-        shape = (r["b"], r["h"], r["hkv"], r["nq"], r["nk"], r["d"], r["causal"])
-        cost = ROUTE_COST.get((run, (r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"])), 1.06)
-        assert (sdpa if go else kernel) <= cost * min(sdpa, kernel), shape
+        go, sdpa, kernel = _routed(data, r, True)
+        shape = _shape(r)
+        assert (sdpa if go else kernel) <= ROUTE_COST.get((run, shape), 1.06) * min(sdpa, kernel), (shape, r["hkv"])
 
 
 @pytest.mark.parametrize("run,shape", sorted(ROUTE_COST))
@@ -528,13 +540,10 @@ def test_route_cost_exceptions_are_all_needed(run, shape):
     data = json.loads((RESULTS / f"{run}.json").read_text())
     lse = run in LSE_RUNS
     assert lse or run in ROUTED_RUNS, run
-    rows = [r for r in data["rows"] if (r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"]) == shape]
+    rows = [r for r in data["rows"] if _shape(r) == shape]
     assert len(rows) == 1 and _current_kernel(run, shape[4]), shape
-    r, us = rows[0], rows[0]["us"]
-    sdpa = us["sdpa_cudnn"] if lse else min(us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us)
-    go = dispatch.goes_to_sdpa(_limits_of(data), _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r.get("hkv")),
-                               r["causal"], lse)
-    assert 1.06 * min(sdpa, us["kernel"]) < (sdpa if go else us["kernel"]) <= ROUTE_COST[(run, shape)] * min(sdpa, us["kernel"])
+    go, sdpa, kernel = _routed(data, rows[0], lse)
+    assert 1.06 * min(sdpa, kernel) < (sdpa if go else kernel) <= ROUTE_COST[(run, shape)] * min(sdpa, kernel)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

@@ -96,11 +96,10 @@ int sm90_grid(int64_t tiles) {
 int sm90_consumers(const AttnParams& p, int head_dim) {
   if (head_dim == 64) return 3;
   if (head_dim == 256) return 2;
-  // SAGEATTN_SM90_NC3_KEYS moves both switch-overs of D=128, for tests (1: always three)
-  static const int env_keys = [] {
-    const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
-    return e && *e ? std::atoi(e) : 0;
-  }();
+  // SAGEATTN_SM90_NC3_KEYS moves both switch-overs of D=128, for tests and A/B runs (1: always
+  // three; read per call, like the switches below)
+  const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
+  const int env_keys = e && *e ? std::atoi(e) : 0;
   const int nc3_keys = env_keys > 0 ? env_keys : (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL : SAGE_SM90_NC3_KEYS);
   return p.nk >= nc3_keys ? 3 : 2;
 }

@@ -1,0 +1,119 @@
+"""Two or three consumers at D=128 on calls whose work tiles leave the last round of the
+persistent grid partly empty (B=1 diffusion-style shapes), beside SDPA's cuDNN backend.
+
+    python bench/waves.py [--rounds 3] [--out DIR] [--tag NAME]
+
+The Hopper kernel runs 128-row work tiles on two consumer warpgroups or 192-row tiles on three
+(from SAGE_SM90_NC3_KEYS keys), one CTA per SM walking tiles at a fixed stride, so a call takes
+ceil(tiles / SMs) rounds. For each shape this prints both counts' rounds and the end-to-end GPU
+time (do_bench median, quantization included) of the sm90 function with three consumers forced
+(SAGEATTN_SM90_NC3_KEYS=1), with two forced (a key threshold no call reaches) and as shipped,
+plus cuDNN; settings rotate within each round so the board's state spreads over all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sageattention as sa  # noqa: E402
+from timing import gpu_us  # noqa: E402  (bench/timing.py)
+
+# (B, H, N): B=1 image and video models' self-attention lengths (text tokens included), LLM-style
+# prefill lengths, and the issue's B=4, H=32 rows as guards
+SHAPES = [(1, h, n) for h in (24, 32, 40) for n in (2304, 2816, 3072, 3584, 4096, 4608, 5120, 6144, 8192)]
+SHAPES += [(2, 24, 4608), (1, 24, 9216), (1, 12, 32760), (4, 32, 4096), (4, 32, 16384)]
+SETTINGS = {"three": "1", "two": str(1 << 30), "shipped": None}
+
+
+def rounds(b: int, h: int, n: int, rows: int, sms: int) -> int:
+    nq_pad = math.ceil(n / 128) * 128
+    return math.ceil(b * h * math.ceil(nq_pad / rows) / sms)
+
+
+def sdpa_cudnn(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def timed(setting: str, fn) -> float:
+    val = SETTINGS[setting]
+    old = os.environ.pop("SAGEATTN_SM90_NC3_KEYS", None)
+    if val is not None:
+        os.environ["SAGEATTN_SM90_NC3_KEYS"] = val
+    try:
+        return gpu_us(fn)
+    finally:
+        os.environ.pop("SAGEATTN_SM90_NC3_KEYS", None)
+        if old is not None:
+            os.environ["SAGEATTN_SM90_NC3_KEYS"] = old
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=None, help="write <date>-<gpu>-<commit>-waves[-tag].md/.json here")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    if "SAGEATTN_SM90_NC3_KEYS" in os.environ:
+        sys.exit("unset SAGEATTN_SM90_NC3_KEYS: this script sets it per measurement")
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    d = args.d
+    rows = []
+    for b, h, n in SHAPES:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)  # noqa: E731
+        names = list(SETTINGS) + ["cudnn"]
+        times = {x: [] for x in names}
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for x in order:
+                times[x].append(gpu_us(lambda: sdpa_cudnn(q, k, v)) if x == "cudnn" else timed(x, sm90))
+        med = {x: statistics.median(t) for x, t in times.items()}
+        row = {"b": b, "h": h, "n": n, "d": d, "rounds_two": rounds(b, h, n, 128, sms),
+               "rounds_three": rounds(b, h, n, 192, sms), "us": med, "all_us": times}
+        rows.append(row)
+        print(f"{b}x{h}x{n}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']}  "
+              + "  ".join(f"{x} {med[x]:.1f}" for x in names)
+              + f"  two/three {med['two'] / med['three']:.3f}", flush=True)
+        del q, k, v
+    commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
+    when = datetime.datetime.now(datetime.timezone.utc)
+    lines = [f"# {props.name}, {when:%Y-%m-%d %H:%M} UTC, commit {commit}: two or three consumers by rounds", "",
+             f"torch {torch.__version__}, {sms} SMs, D={d}, bf16, HND, non-causal. Command: "
+             f"`python bench/waves.py --rounds {args.rounds}{' --d %d' % d if d != 128 else ''}`", "",
+             "End-to-end GPU time of the sm90 function (µs, do_bench median of the rounds' medians) with three "
+             "consumers forced, two forced and as shipped, and SDPA's cuDNN; rounds: ceil(work tiles / SMs).", "",
+             "| B | H | N | rounds 2c | rounds 3c | three | two | shipped | cuDNN | two / three |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["us"]
+        lines.append(f"| {r['b']} | {r['h']} | {r['n']} | {r['rounds_two']} | {r['rounds_three']} | {m['three']:.1f} | "
+                     f"{m['two']:.1f} | {m['shipped']:.1f} | {m['cudnn']:.1f} | {m['two'] / m['three']:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        gpu = props.name.replace(" ", "_")
+        stem = f"{when:%Y-%m-%d}-{gpu}-{commit}-waves{'-' + args.tag if args.tag else ''}"
+        (args.out / f"{stem}.md").write_text(text)
+        (args.out / f"{stem}.json").write_text(json.dumps({"device": props.name, "commit": commit, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,11 +42,11 @@ def rounds(b: int, h: int, n: int, rows: int, sms: int) -> int:
     return math.ceil(b * h * math.ceil(nq_pad / rows) / sms)
 
 
-def sdpa_cudnn(q, k, v):
+def sdpa_cudnn(q, k, v, causal: bool):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def timed(setting: str, fn) -> float:
@@ -68,24 +68,27 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None, help="write <date>-<gpu>-<commit>-waves[-tag].md/.json here")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="BxHxN", help="instead of the built-in list")
     args = ap.parse_args()
     if "SAGEATTN_SM90_NC3_KEYS" in os.environ:
         sys.exit("unset SAGEATTN_SM90_NC3_KEYS: this script sets it per measurement")
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     d = args.d
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     rows = []
-    for b, h, n in SHAPES:
+    for b, h, n in shapes:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)  # noqa: E731
+        sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=args.causal)  # noqa: E731
         names = list(SETTINGS) + ["cudnn"]
         times = {x: [] for x in names}
         for r in range(args.rounds):
             order = names[r % len(names):] + names[: r % len(names)]
             for x in order:
-                times[x].append(gpu_us(lambda: sdpa_cudnn(q, k, v)) if x == "cudnn" else timed(x, sm90))
+                times[x].append(gpu_us(lambda: sdpa_cudnn(q, k, v, args.causal)) if x == "cudnn" else timed(x, sm90))
         med = {x: statistics.median(t) for x, t in times.items()}
-        row = {"b": b, "h": h, "n": n, "d": d, "rounds_two": rounds(b, h, n, 128, sms),
+        row = {"b": b, "h": h, "n": n, "d": d, "causal": args.causal, "rounds_two": rounds(b, h, n, 128, sms),
                "rounds_three": rounds(b, h, n, 192, sms), "us": med, "all_us": times}
         rows.append(row)
         print(f"{b}x{h}x{n}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']}  "
@@ -95,8 +98,8 @@ def main() -> None:
     commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
     when = datetime.datetime.now(datetime.timezone.utc)
     lines = [f"# {props.name}, {when:%Y-%m-%d %H:%M} UTC, commit {commit}: two or three consumers by rounds", "",
-             f"torch {torch.__version__}, {sms} SMs, D={d}, bf16, HND, non-causal. Command: "
-             f"`python bench/waves.py --rounds {args.rounds}{' --d %d' % d if d != 128 else ''}`", "",
+             f"torch {torch.__version__}, {sms} SMs, D={d}, bf16, HND, {'causal' if args.causal else 'non-causal'}. "
+             f"Command: `python bench/waves.py {' '.join(sys.argv[1:])}`", "",
              "End-to-end GPU time of the sm90 function (µs, do_bench median of the rounds' medians) with three "
              "consumers forced, two forced and as shipped, and SDPA's cuDNN; rounds: ceil(work tiles / SMs).", "",
              "| B | H | N | rounds 2c | rounds 3c | three | two | shipped | cuDNN | two / three |",

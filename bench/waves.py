@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write <date>-<gpu>-<commit>-waves[-tag].md/.json here")
     ap.add_argument("--tag", default="")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--v-terms", type=int, default=1, choices=(1, 2), help="v_fp8_terms of the sm90 function")
     ap.add_argument("--shapes", nargs="+", default=None, metavar="BxHxN", help="instead of the built-in list")
     args = ap.parse_args()
     if "SAGEATTN_SM90_NC3_KEYS" in os.environ:
@@ -80,7 +81,8 @@ def main() -> None:
     rows = []
     for b, h, n in shapes:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=args.causal)  # noqa: E731
+        sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=args.causal,
+                                                            v_fp8_terms=args.v_terms)  # noqa: E731
         names = list(SETTINGS) + ["cudnn"]
         times = {x: [] for x in names}
         for r in range(args.rounds):
@@ -88,7 +90,7 @@ def main() -> None:
             for x in order:
                 times[x].append(gpu_us(lambda: sdpa_cudnn(q, k, v, args.causal)) if x == "cudnn" else timed(x, sm90))
         med = {x: statistics.median(t) for x, t in times.items()}
-        row = {"b": b, "h": h, "n": n, "d": d, "causal": args.causal, "rounds_two": rounds(b, h, n, 128, sms),
+        row = {"b": b, "h": h, "n": n, "d": d, "causal": args.causal, "v_terms": args.v_terms, "rounds_two": rounds(b, h, n, 128, sms),
                "rounds_three": rounds(b, h, n, 192, sms), "us": med, "all_us": times}
         rows.append(row)
         print(f"{b}x{h}x{n}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']}  "

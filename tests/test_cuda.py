@@ -109,7 +109,7 @@ def test_mma_output_paths(backend, d, layout):
     assert_lse_close_to_reference(lse, rl)
 
 
-# (d, nq, nk, causal, layout): two consumers (up to 2047 keys) and three, O through TMA (rows of
+# (d, nq, nk, causal, layout): two consumers (up to 1535 keys, causal 3071) and three, O through TMA (rows of
 # 16-byte multiples; the second 64-column box clipped at d) and through plain stores (HND rows of
 # 130 and 180 bytes); head dims 129-192 on 192 of D=256's columns (plain stores, rows of 272 to
 # 384 bytes)
@@ -235,6 +235,23 @@ def _single_and_paired(call, monkeypatch, columns=128):
     assert torch.equal(runs["0"][0], runs["1"][0]), "outputs differ between single and paired CTAs"
     assert torch.equal(runs["0"][1], runs["1"][1]), "LSE differs between single and paired CTAs"
     return runs["1"]
+
+
+@pytest.mark.parametrize("causal,keys,consumers", [(False, 1535, 2), (False, 1536, 3), (True, 3071, 2), (True, 3072, 3)],
+                         ids=["1535", "1536", "causal-3071", "causal-3072"])
+def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, consumers, monkeypatch):
+    """D=128 runs two consumer warpgroups below SAGE_SM90_NC3_KEYS keys (1536; causal 3072) and
+    three from there on, where bench/waves.py measured three the faster; SAGEATTN_SM90_NC3_KEYS
+    moves the switch-over per call (1: always three), which A/B runs in one process rely on."""
+    fn, _ = _need(SM90)
+    q, k, v = make_qkv(1, 2, 2, keys, keys, 128, torch.bfloat16, "HND", "cuda", seed=keys)
+    call = lambda: fn(q, k, v, is_causal=causal)  # noqa: E731
+    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
+    assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {consumers}
+    monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", "1")
+    assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {3}
+    monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", str(keys + 1))
+    assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {2}
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

@@ -58,14 +58,17 @@ struct Sm90Args {
 
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
 // with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
-// runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two
-// below: three are slower on short sequences (fewer, longer work tiles, and the split PV
-// product below; measured: 1k -7 %, 2k +4 %, causal 4k -2 %, causal 16k +4 %).
+// runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two below: three are
+// slower on short sequences (fewer, longer work tiles, and the split PV product below).
+// Measured end to end on the H100 (bench/waves.py, 9b1ba9c): three 7 % faster at 1536 keys
+// (4 x 32 and 1 x 32), 0-12 % slower at 1024; causal, 2-6 % faster from 3072 keys (4 x 32,
+// 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the
+// causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then).
 #ifndef SAGE_SM90_NC3_KEYS
-#define SAGE_SM90_NC3_KEYS 2048
+#define SAGE_SM90_NC3_KEYS 1536
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_CAUSAL
-#define SAGE_SM90_NC3_KEYS_CAUSAL 8192
+#define SAGE_SM90_NC3_KEYS_CAUSAL 3072
 #endif
 
 // DA: the columns computed, D's buffers otherwise. Head dims 65-96 arrive zero-padded to 128

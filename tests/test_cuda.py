@@ -237,17 +237,22 @@ def _single_and_paired(call, monkeypatch, columns=128):
     return runs["1"]
 
 
-@pytest.mark.parametrize("causal,keys,consumers", [(False, 1535, 2), (False, 1536, 3), (True, 3071, 2), (True, 3072, 3)],
-                         ids=["1535", "1536", "causal-3071", "causal-3072"])
-def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, consumers, monkeypatch):
-    """D=128 runs two consumer warpgroups below SAGE_SM90_NC3_KEYS keys (1536; causal 3072) and
-    three from there on, where bench/waves.py measured three the faster; SAGEATTN_SM90_NC3_KEYS
-    moves the switch-over per call (1: always three), which A/B runs in one process rely on."""
+@pytest.mark.parametrize("causal,keys,terms,consumers", [
+    (False, 1535, 1, 2), (False, 1536, 1, 3), (True, 3071, 1, 2), (True, 3072, 1, 3),
+    (False, 2047, 2, 2), (False, 2048, 2, 3), (True, 8191, 2, 2), (True, 8192, 2, 3)])
+def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, terms, consumers, monkeypatch):
+    """D=128 runs two consumer warpgroups below SAGE_SM90_NC3_KEYS keys (1536; causal 3072; with
+    two V terms 2048 and 8192) and three from there on, where bench/waves.py measured three the
+    faster; dispatch.sm90_consumers, which groups packed sequences, must say the same.
+    SAGEATTN_SM90_NC3_KEYS moves the switch-over per call (1: always three), which A/B runs in
+    one process rely on."""
     fn, _ = _need(SM90)
     q, k, v = make_qkv(1, 2, 2, keys, keys, 128, torch.bfloat16, "HND", "cuda", seed=keys)
-    call = lambda: fn(q, k, v, is_causal=causal)  # noqa: E731
+    call = lambda: fn(q, k, v, is_causal=causal, v_fp8_terms=terms)  # noqa: E731
     monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
     assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {consumers}
+    if terms == 1:
+        assert dispatch.sm90_consumers(128, keys, causal) == consumers
     monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", "1")
     assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {3}
     monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", str(keys + 1))
@@ -765,16 +770,23 @@ def _assert_each_sequence_alone(o, lse, q, k, v, lens_q, lens_k, causal):
 def test_sm90_varlen_matches_each_sequence_alone(lens, dtype, d, causal, gqa, monkeypatch):
     """sageattn_varlen on the Hopper kernel gives each packed sequence, bit for bit, what the
     sm90 function gives it alone (its own K mean, scales and tiles; causal: its first Nq keys),
-    o and LSE; a sequence with queries but no keys gets zeros and an LSE of -inf."""
+    o and LSE; a sequence with queries but no keys gets zeros and an LSE of -inf. With the
+    padding bound lifted, one launch per consumer count among the sequences (head dims 65-128:
+    two below 1536 keys, causal 3072, three from there: the short set has both without causal,
+    the long set with it)."""
     calls = _on_kernel(monkeypatch)
+    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
     lens_q, lens_k = VARLEN_SETS[lens]
     if causal:
         lens_k = [max(n - 3, 0) if i % 2 else n + 5 for i, n in enumerate(lens_q)]  # fewer and more keys
     hq, hk = (4, 2) if gqa else (3, 3)
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, hq, hk, d, dtype, seed=d)
     o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
-    work = [i for i, (nq, nk) in enumerate(zip(lens_q, dispatch.seen_keys(lens_q, lens_k, causal))) if nq and nk]
-    assert len(calls) == 1 and len(calls[0]) == 1 and sorted(calls[0][0]) == work  # one launch, every sequence
+    seen = dispatch.seen_keys(lens_q, lens_k, causal)
+    work = [i for i, (nq, nk) in enumerate(zip(lens_q, seen)) if nq and nk]
+    counts = {dispatch.sm90_consumers(d, seen[i], causal) for i in work}
+    assert len(calls) == 1 and sorted(i for g in calls[0] for i in g) == work  # every sequence, once
+    assert len(calls[0]) == len(counts), (calls[0], counts)
     assert o.shape == q.shape and lse.shape == (hq, sum(lens_q))
     _assert_each_sequence_alone(o, lse, q, k, v, lens_q, lens_k, causal)
 

@@ -63,12 +63,21 @@ struct Sm90Args {
 // Measured end to end on the H100 (bench/waves.py, 9b1ba9c): three 7 % faster at 1536 keys
 // (4 x 32 and 1 x 32), 0-12 % slower at 1024; causal, 2-6 % faster from 3072 keys (4 x 32,
 // 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the
-// causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then).
+// causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then). V in two terms keeps
+// 2048 and 8192 (_V2): there three were 4-8 % slower causal at 3072-4096 keys (level at 6144).
+// The two counts round some exponentials differently (kPoly below), so packed sequences are
+// grouped by the count each would get alone (sageattention/dispatch.py mirrors these values).
 #ifndef SAGE_SM90_NC3_KEYS
 #define SAGE_SM90_NC3_KEYS 1536
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_CAUSAL
 #define SAGE_SM90_NC3_KEYS_CAUSAL 3072
+#endif
+#ifndef SAGE_SM90_NC3_KEYS_V2
+#define SAGE_SM90_NC3_KEYS_V2 2048
+#endif
+#ifndef SAGE_SM90_NC3_KEYS_CAUSAL_V2
+#define SAGE_SM90_NC3_KEYS_CAUSAL_V2 8192
 #endif
 
 // DA: the columns computed, D's buffers otherwise. Head dims 65-96 arrive zero-padded to 128

@@ -170,7 +170,7 @@ def main():
     for name in args.cases:
         lens, hq, hk, d, causal = CASES[name]
         q, k, v, cu = make(lens, hq, hk, d)
-        groups = dispatch.varlen_groups(dispatch.chosen(q.device)[0], lens, lens, causal, d)
+        groups = dispatch.varlen_groups(dispatch.chosen(q.device)[0], lens, lens, causal)
         path = f"Hopper kernel, {len(groups)} launch{'es' if len(groups) > 1 else ''}" if groups else "Triton"
         ops = 4 * hq * d * sum(x * x for x in lens) / (2 if causal else 1)
         for bname, fn in backends(lens, hq, hk, causal).items():

@@ -415,7 +415,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
 
 def _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse):
     backend, options, _ = dispatch.chosen(q.device)
-    groups = dispatch.varlen_groups(backend, lens_q, lens_k, is_causal, dims.head_dim) if dims.len_q > 0 else None
+    groups = dispatch.varlen_groups(backend, lens_q, lens_k, is_causal) if dims.len_q > 0 else None
     if groups:
         from . import _cuda
 

@@ -490,61 +490,32 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
 VARLEN_PADDING = 4
 
 
-#: The Hopper kernel's consumer warpgroups at head dims 65-128 with V in one e4m3 term
-#: (csrc/kernels/attn_sm90.cuh, SAGE_SM90_NC3_KEYS and _CAUSAL): three from this many keys on
-#: (non-causal, causal), two below. Head dims up to 64 always run three, above 128 two.
-#: SAGEATTN_SM90_NC3_KEYS (a key count, > 0) replaces both, per call, in the kernel and here.
-#: tests/test_cuda.py::test_sm90_consumer_count_switches_at_its_key_count holds these to the kernel.
-SM90_THREE_CONSUMERS_FROM = (1536, 3072)
-
-
-def sm90_consumers(head_dim: int, keys: int, causal: bool) -> int:
-    """The consumer count the Hopper kernel runs a call of ``keys`` keys with (one V term). The
-    two counts round some exponentials differently (the two-consumer kernel takes a share of
-    them on the FMA pipe), so a call's bits depend on it."""
-    if head_dim <= 64:
-        return 3
-    if head_dim > 128:
-        return 2
-    try:
-        forced = int(os.environ.get("SAGEATTN_SM90_NC3_KEYS") or 0)
-    except ValueError:
-        forced = 0
-    return 3 if keys >= (forced if forced > 0 else SM90_THREE_CONSUMERS_FROM[causal]) else 2
-
-
 def seen_keys(lens_q: Sequence[int], lens_k: Sequence[int], causal: bool) -> List[int]:
     """The keys each packed sequence's queries see: all of them, or (causal, top-left) the
     first Nq (the others are never attended, and the kernel is not given them)."""
     return [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else list(lens_k)
 
 
-def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int], causal: bool,
-                  head_dim: int) -> Optional[List[List[int]]]:
+def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int],
+                  causal: bool) -> Optional[List[List[int]]]:
     """How ``sageattn_varlen`` runs packed sequences (their query and key lengths) on the
     Hopper kernel (_cuda.forward_varlen): groups of sequence indices, longest first, each
-    within :data:`VARLEN_PADDING`, and each of sequences that the kernel would run alone with
-    the same consumer count (:func:`sm90_consumers`: a launch takes its longest sequence's, and
-    every sequence gets the bits it would get alone); sequences without queries or without a
-    key their queries see (causal: among their first Nq keys) are in none. None (the Triton
-    kernel) unless ``backend`` is ``cuda_sm90`` and some sequence has work."""
+    within :data:`VARLEN_PADDING`; sequences without queries or without a key their queries
+    see (causal: among their first Nq keys) are in none. None (the Triton kernel) unless
+    ``backend`` is ``cuda_sm90`` and some sequence has work."""
     if backend != "cuda_sm90":
         return None
     seen_k = seen_keys(lens_q, lens_k, causal)
     work = sorted((i for i, (a, b) in enumerate(zip(lens_q, seen_k)) if a and b),
                   key=lambda i: (-max(lens_q[i], seen_k[i]), i))
     groups: List[List[int]] = []
-    for count in (3, 2):
-        last: Optional[List[int]] = None
-        for i in work:
-            if sm90_consumers(head_dim, seen_k[i], causal) != count:
+    for i in work:
+        g = groups[-1] if groups else None
+        if g is not None:
+            mq, mk = max(lens_q[j] for j in g + [i]), max(seen_k[j] for j in g + [i])
+            rows = sum(lens_q[j] + seen_k[j] for j in g) + lens_q[i] + seen_k[i]
+            if (len(g) + 1) * (mq + mk) <= VARLEN_PADDING * rows:
+                g.append(i)
                 continue
-            if last is not None:
-                mq, mk = max(lens_q[j] for j in last + [i]), max(seen_k[j] for j in last + [i])
-                rows = sum(lens_q[j] + seen_k[j] for j in last) + lens_q[i] + seen_k[i]
-                if (len(last) + 1) * (mq + mk) <= VARLEN_PADDING * rows:
-                    last.append(i)
-                    continue
-            last = [i]
-            groups.append(last)
+        groups.append([i])
     return groups or None

@@ -243,20 +243,38 @@ def _single_and_paired(call, monkeypatch, columns=128):
 def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, terms, consumers, monkeypatch):
     """D=128 runs two consumer warpgroups below SAGE_SM90_NC3_KEYS keys (1536; causal 3072; with
     two V terms 2048 and 8192) and three from there on, where bench/waves.py measured three the
-    faster; dispatch.sm90_consumers, which groups packed sequences, must say the same.
-    SAGEATTN_SM90_NC3_KEYS moves the switch-over per call (1: always three), which A/B runs in
-    one process rely on."""
+    faster. SAGEATTN_SM90_NC3_KEYS moves the switch-over per call (1: always three), which A/B
+    runs in one process rely on."""
     fn, _ = _need(SM90)
     q, k, v = make_qkv(1, 2, 2, keys, keys, 128, torch.bfloat16, "HND", "cuda", seed=keys)
     call = lambda: fn(q, k, v, is_causal=causal, v_fp8_terms=terms)  # noqa: E731
     monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
     assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {consumers}
-    if terms == 1:
-        assert dispatch.sm90_consumers(128, keys, causal) == consumers
     monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", "1")
     assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {3}
     monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", str(keys + 1))
     assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {2}
+
+
+@pytest.mark.parametrize("d,nq,nk,causal,terms", [(128, 1000, 1000, False, 1), (128, 777, 3000, True, 1),
+                                                  (96, 2000, 1500, False, 1), (80, 700, 700, True, 1),
+                                                  (128, 1000, 2100, False, 2)])
+def test_sm90_two_and_three_consumers_give_the_same_bits(d, nq, nk, causal, terms, monkeypatch):
+    """The consumer count changes how rows are spread over warpgroups, not what is computed for
+    a row: two (SAGEATTN_SM90_NC3_KEYS above the call's keys) and three (1) must give the same
+    o and LSE bits. sageattn_varlen relies on it: a packed launch takes the consumer count of its
+    longest sequence, and each sequence must still get what its own call gives
+    (test_sm90_varlen_matches_each_sequence_alone)."""
+    fn, _ = _need(SM90)
+    q, k, v = make_qkv(2, 4, 2, nq, nk, d, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=nq + nk)
+    runs = {}
+    for keys, count in ((str(1 << 30), 2), ("1", 3)):
+        monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", keys)
+        call = lambda: fn(q, k, v, is_causal=causal, return_lse=True, v_fp8_terms=terms)  # noqa: E731
+        assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {count}
+        runs[count] = call()
+    assert torch.equal(runs[2][0], runs[3][0]), (runs[2][0].float() - runs[3][0].float()).abs().max()
+    assert torch.equal(runs[2][1], runs[3][1])
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
@@ -770,23 +788,16 @@ def _assert_each_sequence_alone(o, lse, q, k, v, lens_q, lens_k, causal):
 def test_sm90_varlen_matches_each_sequence_alone(lens, dtype, d, causal, gqa, monkeypatch):
     """sageattn_varlen on the Hopper kernel gives each packed sequence, bit for bit, what the
     sm90 function gives it alone (its own K mean, scales and tiles; causal: its first Nq keys),
-    o and LSE; a sequence with queries but no keys gets zeros and an LSE of -inf. With the
-    padding bound lifted, one launch per consumer count among the sequences (head dims 65-128:
-    two below 1536 keys, causal 3072, three from there: the short set has both without causal,
-    the long set with it)."""
+    o and LSE; a sequence with queries but no keys gets zeros and an LSE of -inf."""
     calls = _on_kernel(monkeypatch)
-    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
     lens_q, lens_k = VARLEN_SETS[lens]
     if causal:
         lens_k = [max(n - 3, 0) if i % 2 else n + 5 for i, n in enumerate(lens_q)]  # fewer and more keys
     hq, hk = (4, 2) if gqa else (3, 3)
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, hq, hk, d, dtype, seed=d)
     o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, return_lse=True)
-    seen = dispatch.seen_keys(lens_q, lens_k, causal)
-    work = [i for i, (nq, nk) in enumerate(zip(lens_q, seen)) if nq and nk]
-    counts = {dispatch.sm90_consumers(d, seen[i], causal) for i in work}
-    assert len(calls) == 1 and sorted(i for g in calls[0] for i in g) == work  # every sequence, once
-    assert len(calls[0]) == len(counts), (calls[0], counts)
+    work = [i for i, (nq, nk) in enumerate(zip(lens_q, dispatch.seen_keys(lens_q, lens_k, causal))) if nq and nk]
+    assert len(calls) == 1 and len(calls[0]) == 1 and sorted(calls[0][0]) == work  # one launch, every sequence
     assert o.shape == q.shape and lse.shape == (hq, sum(lens_q))
     _assert_each_sequence_alone(o, lse, q, k, v, lens_q, lens_k, causal)
 

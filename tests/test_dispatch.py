@@ -937,68 +937,27 @@ def test_cudnn_check_is_torchs_on_the_cpu():
     ("cuda_sm90", [], [], False, None),
 ])
 def test_varlen_groups(backend, lens_q, lens_k, causal, expected):
-    """Grouping by padding alone: at head dims up to 64 every length runs three consumers."""
-    assert dispatch.varlen_groups(backend, lens_q, lens_k, causal, 64) == expected
-
-
-@pytest.mark.parametrize("head_dim,lens_q,lens_k,causal,expected", [
-    # head dims 65-128: three consumers from 1536 keys (causal 3072), two below, never in one launch
-    (128, [1024, 4096, 1024, 1024], [1024, 4096, 1024, 1024], False, [[1], [0, 2, 3]]),
-    (96, [1535, 1536, 1600], [1535, 1536, 1600], False, [[2, 1], [0]]),
-    (128, [4096] + [16] * 40, [4096] + [16] * 40, False, [[0], list(range(1, 41))]),
-    (128, [64] * 7 + [4096], [4096] * 8, False, [[0, 1, 2, 3, 4, 5, 6, 7]]),  # every one sees 4096 keys
-    (128, [64] * 7 + [4096], [4096] * 8, True, [[7], [0, 1, 2, 3, 4, 5, 6]]),
-    (128, [3071, 3072, 5000], [3071, 9000, 3100], True, [[2, 1], [0]]),        # the keys seen count
-    (128, [3000, 2000], [3000, 2000], True, [[0, 1]]),                        # both below 3072: two each
-    (256, [1024, 4096], [1024, 4096], False, [[1, 0]]),                       # two consumers at every length
-])
-def test_varlen_groups_keep_each_sequence_on_its_consumer_count(head_dim, lens_q, lens_k, causal, expected,
-                                                                monkeypatch):
-    """A launch runs every sequence with its longest one's consumer count, and the two counts
-    round some exponentials differently: each group holds sequences that run alone with one
-    count (dispatch.sm90_consumers), so each gets the bits it gets alone."""
-    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
-    monkeypatch.setattr(dispatch, "VARLEN_PADDING", 10 ** 9)  # the counts alone split them
-    assert dispatch.varlen_groups("cuda_sm90", lens_q, lens_k, causal, head_dim) == expected
-    monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", "1")  # three consumers at every length: one launch
-    assert len(dispatch.varlen_groups("cuda_sm90", lens_q, lens_k, causal, head_dim)) == 1
-
-
-@pytest.mark.parametrize("head_dim,keys,causal,count", [
-    (64, 1, False, 3), (64, 1, True, 3), (40, 100000, True, 3), (65, 1535, False, 2), (65, 1536, False, 3),
-    (128, 3071, True, 2), (128, 3072, True, 3), (128, 2000, True, 2), (129, 100000, False, 2), (256, 8192, True, 2),
-])
-def test_sm90_consumers_by_head_dim_and_keys(head_dim, keys, causal, count, monkeypatch):
-    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
-    assert dispatch.sm90_consumers(head_dim, keys, causal) == count
-    monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", str(keys + 1))  # the kernel's override, read per call
-    assert dispatch.sm90_consumers(head_dim, keys, causal) == (count if head_dim <= 64 or head_dim > 128 else 2)
-    monkeypatch.setenv("SAGEATTN_SM90_NC3_KEYS", "junk")  # atoi gives 0 there: no override
-    assert dispatch.sm90_consumers(head_dim, keys, causal) == count
+    assert dispatch.varlen_groups(backend, lens_q, lens_k, causal) == expected
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_varlen_groups_cover_the_work_within_the_padding_bound(seed, monkeypatch):
-    """Random lengths and head dims: every sequence with work is in exactly one group, each
-    group's padded rows are within VARLEN_PADDING times its rows, and its sequences share one
-    consumer count."""
+def test_varlen_groups_cover_the_work_within_the_padding_bound(seed):
+    """Random lengths: every sequence with work is in exactly one group and each group's padded
+    rows are within VARLEN_PADDING times its rows."""
     import random
 
-    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
     rng = random.Random(seed)
     n = rng.randrange(1, 60)
     lens_q = [rng.choice([0, 1, rng.randrange(1, 300), rng.randrange(1, 9000)]) for _ in range(n)]
     lens_k = [rng.choice([0, q, rng.randrange(1, 9000)]) for q in lens_q]
     causal = bool(seed % 2)
-    head_dim = rng.choice([32, 64, 96, 128, 160, 256])
     seen = [min(a, b) for a, b in zip(lens_k, lens_q)] if causal else lens_k
-    groups = dispatch.varlen_groups("cuda_sm90", lens_q, lens_k, causal, head_dim) or []
+    groups = dispatch.varlen_groups("cuda_sm90", lens_q, lens_k, causal) or []
     flat = [i for g in groups for i in g]
     assert sorted(flat) == [i for i in range(n) if lens_q[i] and seen[i]]
     for g in groups:
         padded = len(g) * (max(lens_q[i] for i in g) + max(seen[i] for i in g))
         assert padded <= dispatch.VARLEN_PADDING * sum(lens_q[i] + seen[i] for i in g)
-        assert len({dispatch.sm90_consumers(head_dim, seen[i], causal) for i in g}) == 1
 
 
 def test_varlen_goes_to_the_hopper_kernel_by_backend(monkeypatch):

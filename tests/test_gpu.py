@@ -189,7 +189,7 @@ def test_varlen_grid(dtype, causal, d, gqa):
     assert torch.isfinite(o).all()
     # the dense function of the kernel sageattn_varlen runs: the Hopper one where sageattn's is
     # (dispatch.varlen_groups; test_cuda.py holds it to that function bit for bit), else Triton
-    hopper = dispatch.varlen_groups(dispatch.chosen(q.device)[0], lens_q, lens_k, causal, d) is not None
+    hopper = dispatch.varlen_groups(dispatch.chosen(q.device)[0], lens_q, lens_k, causal) is not None
     dense = sa.sageattn_qk_int8_pv_fp8_cuda_sm90 if hopper else sa.sageattn_qk_int8_pv_fp16_triton
     sq = sk = 0
     for nq, nk in zip(lens_q, lens_k):

@@ -65,8 +65,8 @@ struct Sm90Args {
 // 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the
 // causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then). V in two terms keeps
 // 2048 and 8192 (_V2): there three were 4-8 % slower causal at 3072-4096 keys (level at 6144).
-// The two counts round some exponentials differently (kPoly below), so packed sequences are
-// grouped by the count each would get alone (sageattention/dispatch.py mirrors these values).
+// Both counts give the same bits (tests/test_cuda.py), so packed sequences of any lengths
+// share a launch and each still gets the bits of its own call.
 #ifndef SAGE_SM90_NC3_KEYS
 #define SAGE_SM90_NC3_KEYS 1536
 #endif
@@ -155,12 +155,15 @@ __device__ __forceinline__ float ex2_fma(float x) {
 }
 
 // Which exponentials go to ex2_fma: in each thread's row, those of every kPoly-th column pair
-// (0: none). With two consumers (D=128, short sequences) 5 of 16 (every third), the best of 0,
-// 1/8, 1/4, 1/3 and 1/2; with three none, as they leave no issue slots to spare (0 against
-// 1/16, 1/8 and 1/3; measured on the H100, bench/NOTES.md). SAGE_SM90_POLY2 / SAGE_SM90_POLY3
-// override, for experiments.
+// (0: none). With three consumers none, as they leave no issue slots to spare (0 against 1/16,
+// 1/8 and 1/3; measured on the H100, bench/NOTES.md). With two (D=128, short sequences) 5 of 16
+// (every third) were the fastest of 0, 1/8, 1/4, 1/3 and 1/2, by 1-2 % of the kernel alone (v12),
+// but they round those exponentials differently from MUFU's, so a call's bits would depend on
+// its consumer count, and a packed launch (which takes its longest sequence's count) would not
+// give each sequence its own call's bits: none since the three-consumer switch-overs moved.
+// SAGE_SM90_POLY2 / SAGE_SM90_POLY3 override, for experiments.
 #ifndef SAGE_SM90_POLY2
-#define SAGE_SM90_POLY2 3
+#define SAGE_SM90_POLY2 0
 #endif
 #ifndef SAGE_SM90_POLY3
 #define SAGE_SM90_POLY3 0

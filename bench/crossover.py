@@ -142,6 +142,10 @@ PADDED = ([(4, 32, 32, n, n, d, c) for d in (32, 48, 80, 96, 112) for c in (Fals
 # causal calls at those head dims between the measured lengths, where the kernel and cuDNN cross
 PADDED_CAUSAL = ([(4, 32, 32, n, n, d, True) for d in (32, 48) for n in (4096, 5120, 6144, 7168)]
                  + [(4, 32, 32, n, n, d, True) for d in (80, 96, 112) for n in (3072, 3584, 4096)])
+# the same lengths on other batch and head counts (one GQA), to check a causal limit for padded
+# head dims set on PADDED_CAUSAL (since three consumers from 3072 keys causal, 23bd5da)
+PADDED_CAUSAL_CHECK = ([(1, 32, 32, n, n, d, True) for d in (80, 96) for n in (3072, 3584)]
+                       + [(2, 40, 40, n, n, 96, True) for n in (3072, 3584)] + [(8, 32, 8, 3072, 3072, 96, True)])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -173,6 +177,7 @@ SETS = {
     "gqa-small": GQA_SMALL,
     "padded": PADDED,
     "padded-causal": PADDED_CAUSAL,
+    "padded-causal-check": PADDED_CAUSAL_CHECK,
 }
 
 

@@ -156,7 +156,13 @@ GQA_GROUP = 2
 #:   faster in the kernel (the ``padded-causal`` set, …-9e96397-crossover-padded-causal.md and
 #:   …-9e96397-crossover-lse-padded-causal.md): ``length_causal_padded`` 3584,
 #:   ``length_causal_padded_d64`` 5120 (on an H200, …-a85d959-crossover-padded-gqa-small.md, every
-#:   call with these within 5.1 % of the faster side);
+#:   call with these within 5.1 % of the faster side). Since 23bd5da causal calls from 3072 keys
+#:   run three consumers (5-11 % faster at D=96 than two, …-e74cd20-consumers.md), and the same
+#:   set again (…-bae882e-crossover-padded-causal.md, LSE twin) ran 4 x 32 x 3072 at D=80-112 at
+#:   0.89-0.97 of cuDNN's time (LSE 0.94-1.03), with a check on other heads
+#:   (…-bae882e-crossover-padded-causal-check.md: 8 x 32 / 8 at 3072 0.73, 2 x 40 0.95, 1 x 32
+#:   1.05-1.06, LSE 1.08-1.13, which the causal pair limit hands over): ``length_causal_padded``
+#:   3072, the length of D=128 (the H200 and the other kernels keep 3584: not measured since);
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
@@ -171,18 +177,19 @@ GQA_GROUP = 2
 #:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
-                      length_causal_padded=3584, length_causal_padded_d64=5120,
+                      length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
-GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
+GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, length_causal_padded=3584)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
-#: first two with the LSE too), but for one. Its memory (4.8 TB/s against 3.35) makes the
+#: first two with the LSE too), but for two (``length_causal_padded`` stays 3584, the H100's
+#: before the three-consumer switch-over moved, not measured on the H200 since). Its memory (4.8 TB/s against 3.35) makes the
 #: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
 #: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
 #: the H100. Measured after the column-pair stores at D 129-191 (79a6f1a), at ef638f6
@@ -198,7 +205,7 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128)
 #: what these fields can express (they only raise ``length`` and ``pairs``): 12 of 24 calls
 #: handed over there ran 8-24 % faster in the kernel. Known, not changed.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2048, length_causal_padded=3584)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

@@ -96,10 +96,15 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
-    keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores); without
-    the Hopper kernel both hand over the same."""
+    keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores), and
+    causal calls at head dims 65-127, which it keeps from 3584 (the H100 from 3072, measured
+    after the three-consumer switch-over moved); without the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa"}
+    assert diff == {"length_192_gqa", "length_causal_padded"}
+    # causal at head dims 65-127: the H100's 3072 measured after the three-consumer switch-over
+    # moved (bae882e), the H200 keeps the 3584 set before it
+    assert (dispatch.GH100_SM90.length_causal_padded, dispatch.H200_SM90.length_causal_padded) == (3072, 3584)
+    assert dispatch.GH100_OTHERS.length_causal_padded == 3584
     assert dispatch.hand_over_for((9, 0), "NVIDIA H200", "triton") == dispatch.GH100_OTHERS
     call = (4, 32, 2048, 2048, 176, False, 8)
     assert dispatch.short_call(dispatch.GH100_SM90, *call) and not dispatch.short_call(dispatch.H200_SM90, *call)
@@ -378,7 +383,11 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-edge-check": 27,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-2112": 27,
                     # head dims that are not multiples of 8 (SDPA runs flash): never short
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-ca170a2-crossover-odd-dims": 50})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-ca170a2-crossover-odd-dims": 50,
+                    # causal at head dims 32-112 after the three-consumer switch-over moved (23bd5da):
+                    # length_causal_padded 3072 set on the first, checked on the second
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal": 17,
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal-check": 7})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -409,14 +418,46 @@ PRE_PAIR_STORES = {"2026-11-27-NVIDIA_H100_80GB_HBM3-6022f5f-crossover-wide-narr
                    "2026-11-27-NVIDIA_H200-c748037-crossover-lse-wide-gqa-short-check"}
 
 
-def _current_kernel(run: str, d: int) -> bool:
-    """Whether a recorded run's row at head dim d timed the kernel that runs it today."""
-    return not ((run in FULL_WIDTH_192 and 128 < d <= 192) or (run in PRE_PAIR_STORES and 128 < d < 192))
+# the runs measured before 23bd5da moved the D=128 kernel's three-consumer switch-overs from 2048
+# keys (causal 8192) to 1536 (causal 3072): their rows at head dims 65-128 in between timed two
+# consumers, 2-11 % slower there than the kernel that runs those calls today
+# (…-e74cd20-consumers.md), and the H100's causal limit for head dims 65-127 moved after it
+# (length_causal_padded 3584 -> 3072, on bae882e's runs)
+TWO_CONSUMER_RUNS = {f"2026-11-24-NVIDIA_H100_80GB_HBM3-{run}" for run in (
+    "22de8f1-crossover", "5304702-crossover", "9b0eced-crossover", "fe56b1d-crossover", "8b3577e-crossover-causal-rect",
+    "abe33cf-crossover-causal-rect", "abe33cf-crossover-lse-square", "8e86603-crossover-padded-gqa-small",
+    "f6dfdea-crossover-lse-padded-gqa-small", "9e96397-crossover-padded-causal", "9e96397-crossover-lse-padded-causal",
+    "c3650a3-crossover-padded", "fa8b53b-crossover-gqa", "fa8b53b-crossover-lse-gqa", "fa8b53b-crossover-lse-check")}
+TWO_CONSUMER_RUNS |= {"2026-11-24-NVIDIA_H200-a85d959-crossover-padded-gqa-small",
+                      "2026-11-24-NVIDIA_H200-f331d83-crossover-rect-check", "2026-11-24-NVIDIA_H200-f331d83-crossover-square",
+                      "2026-11-25-NVIDIA_H100_80GB_HBM3-29a7f3d-crossover-padded-causal-padded",
+                      "2026-11-27-NVIDIA_H100_80GB_HBM3-ca170a2-crossover-odd-dims"}
+
+
+def _two_consumer_row(r: dict) -> bool:
+    """Whether the kernel ran a recorded row on two consumers then and runs it on three today."""
+    seen = min(r["nq"], r["nk"]) if r["causal"] else r["nk"]
+    return 64 < r["d"] <= 128 and (3072 <= seen < 8192 if r["causal"] else 1536 <= seen < 2048)
+
+
+def _current_kernel(run: str, r: dict) -> bool:
+    """Whether a recorded run's row timed the kernel that runs it today."""
+    d = r["d"]
+    return not ((run in FULL_WIDTH_192 and 128 < d <= 192) or (run in PRE_PAIR_STORES and 128 < d < 192)
+                or (run in TWO_CONSUMER_RUNS and _two_consumer_row(r)))
 
 
 def test_pre_pair_store_runs_are_recorded_runs():
     """Every run exempted at head dims 129-191 is one the route tests read (no stale name)."""
     assert PRE_PAIR_STORES <= set(ROUTED_RUNS) | set(LSE_RUNS)
+
+
+@pytest.mark.parametrize("run", sorted(TWO_CONSUMER_RUNS))
+def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
+    """Every run exempted where the consumer count changed is one the route tests read and has a
+    row there (no stale name, no run listed for nothing)."""
+    assert run in set(ROUTED_RUNS) | set(LSE_RUNS)
+    assert any(map(_two_consumer_row, json.loads((RESULTS / f"{run}.json").read_text())["rows"]))
 
 
 # the measured shapes outside 6 %: on the H200, whose faster memory moves the crossover to
@@ -430,7 +471,10 @@ def test_pre_pair_store_runs_are_recorded_runs():
 # faster (the set's other 2048 calls 0.95-1.04), and two with the LSE above it, 2 x 40 / 20 x
 # 2176^2 at D=192 and 144, the kernel 7-9 % slower (cuDNN runs multiples of 128 best; at 2112 and
 # 2240 the same calls ran 0.95-1.03); on the H200 (2048, ef638f6) one call under it, 4 x 32 / 8 x
-# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06)
+# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06); and causal 2 x 40
+# x 3584^2 at D=96 (2^29.9 pairs, under pairs_causal, 2^30, which was set when causal calls ran two
+# consumers up to 8191 keys), the kernel 13 % faster since three run from 3072 keys (6 % with the
+# LSE; bae882e): the causal pair limit is due for a new measurement on the three-consumer kernel
 ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short", (4, 32, 2048, 2048, 176, False)): 1.08,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 192, False)): 1.09,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 144, False)): 1.08,
@@ -438,7 +482,9 @@ ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-shor
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa-check", (1, 64, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-lse-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
-              ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08}
+              ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08,
+              ("2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal-check", (2, 40, 3584, 3584, 96, True)): 1.13,
+              ("2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check", (2, 40, 3584, 3584, 96, True)): 1.07}
 
 
 def _limits_of(run: dict) -> dispatch.HandOver:
@@ -473,7 +519,7 @@ def test_short_call_route_costs_little_on_every_measured_shape(run):
     data = json.loads((RESULTS / f"{run}.json").read_text())
     rows = data["rows"]
     assert len(rows) == ROUTED_RUNS[run]
-    for r in filter(lambda r: _current_kernel(run, r["d"]), rows):
+    for r in filter(lambda r: _current_kernel(run, r), rows):
         short, sdpa, kernel = _routed(data, r, False)
         shape = _shape(r)
         assert (sdpa if short else kernel) <= ROUTE_COST.get((run, shape), 1.06) * min(sdpa, kernel), shape
@@ -510,7 +556,10 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-short": 36,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-short-check": 27,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-edge-check": 27,
-            "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-2112": 27}
+            "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-2112": 27,
+            # causal at head dims 32-112 after the three-consumer switch-over moved
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal": 17,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))
@@ -522,7 +571,7 @@ def test_lse_route_costs_little_on_every_measured_shape(run):
     data = json.loads((RESULTS / f"{run}.json").read_text())
     rows = data["rows"]
     assert len(rows) == LSE_RUNS[run] and all(r["lse"] for r in rows)
-    for r in filter(lambda r: _current_kernel(run, r["d"]), rows):
+    for r in filter(lambda r: _current_kernel(run, r), rows):
         if "sdpa_cudnn" not in r["us"]:  # a head dim cuDNN refused: the kernel's call
             go = dispatch.goes_to_sdpa(_limits_of(data), _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r["hkv"]),
                                        r["causal"], True)
@@ -541,7 +590,7 @@ def test_route_cost_exceptions_are_all_needed(run, shape):
     lse = run in LSE_RUNS
     assert lse or run in ROUTED_RUNS, run
     rows = [r for r in data["rows"] if _shape(r) == shape]
-    assert len(rows) == 1 and _current_kernel(run, shape[4]), shape
+    assert len(rows) == 1 and _current_kernel(run, rows[0]), shape
     go, sdpa, kernel = _routed(data, rows[0], lse)
     assert 1.06 * min(sdpa, kernel) < (sdpa if go else kernel) <= ROUTE_COST[(run, shape)] * min(sdpa, kernel)
 

@@ -146,6 +146,14 @@ PADDED_CAUSAL = ([(4, 32, 32, n, n, d, True) for d in (32, 48) for n in (4096, 5
 # head dims set on PADDED_CAUSAL (since three consumers from 3072 keys causal, 23bd5da)
 PADDED_CAUSAL_CHECK = ([(1, 32, 32, n, n, d, True) for d in (80, 96) for n in (3072, 3584)]
                        + [(2, 40, 40, n, n, 96, True) for n in (3072, 3584)] + [(8, 32, 8, 3072, 3072, 96, True)])
+# causal calls around the causal pair limit (2^30), set when they ran two consumers up to 8191 keys
+CAUSAL_PAIRS = ([(1, 24, 24, n, n, 128, True) for n in (4096, 5120, 6144, 7168)]
+                + [(1, 32, 32, n, n, 128, True) for n in (4096, 5120, 6144)]
+                + [(2, 24, 24, n, n, 128, True) for n in (4096, 5120)]
+                + [(2, 40, 40, n, n, 128, True) for n in (3072, 3584)]
+                + [(1, 40, 40, n, n, 128, True) for n in (4096, 5120)]
+                + [(1, 16, 16, n, n, 128, True) for n in (6144, 8192)]
+                + [(2, 40, 40, 3584, 3584, 96, True), (1, 24, 24, 6144, 6144, 96, True), (1, 32, 32, 5120, 5120, 80, True)])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -178,6 +186,7 @@ SETS = {
     "padded": PADDED,
     "padded-causal": PADDED_CAUSAL,
     "padded-causal-check": PADDED_CAUSAL_CHECK,
+    "causal-pairs": CAUSAL_PAIRS,
 }
 
 

@@ -116,7 +116,13 @@ GQA_GROUP = 2
 #:   cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with 16 heads it is
 #:   1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for
 #:   one shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was
-#:   2^28 there);
+#:   2^28 there). Since 23bd5da causal calls from 3072 keys run three consumers (2-7 % faster
+#:   than two at D=128): the ``causal-pairs`` set (…-48feaa2-crossover-causal-pairs.md and its
+#:   LSE twin; B x H of 16 to 80 at 3072-8192, 2^28.6-2^30.9 pairs) ran 1 x 24 x 6144^2
+#:   (2^29.75) at 0.90 of cuDNN's time, 1 x 40 x 5120^2 0.91, 1 x 32 x 5120^2 0.95, 2 x 40 x
+#:   3584^2 0.95 (LSE 1.03) and at D=80-96 0.80-0.87, all handed over by 2^30; below 3 x 2^28
+#:   (2^29.58) 1.00-1.13 but 1 x 16 x 6144^2 (0.96): ``pairs_causal`` 3 x 2^28 on the H100
+#:   (2 x 24 x 4096^2, exactly that, 1.00 / LSE 1.05, and the padded-causal-check set agree);
 #: - head dims above 128 (the ``wide`` set, …-1389d44-crossover.md): at D=256 the same limits
 #:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
 #:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
@@ -162,7 +168,8 @@ GQA_GROUP = 2
 #:   0.89-0.97 of cuDNN's time (LSE 0.94-1.03), with a check on other heads
 #:   (…-bae882e-crossover-padded-causal-check.md: 8 x 32 / 8 at 3072 0.73, 2 x 40 0.95, 1 x 32
 #:   1.05-1.06, LSE 1.08-1.13, which the causal pair limit hands over): ``length_causal_padded``
-#:   3072, the length of D=128 (the H200 and the other kernels keep 3584: not measured since);
+#:   3072, the length of D=128 (the H200 and the other kernels keep 3584 and a causal pair limit
+#:   of 2^30: not measured since);
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
@@ -180,16 +187,17 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
-                      pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=256)
+                      pairs=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
-GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, length_causal_padded=3584)
+GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, length_causal_padded=3584, pairs_causal=1 << 30)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
-#: first two with the LSE too), but for two (``length_causal_padded`` stays 3584, the H100's
-#: before the three-consumer switch-over moved, not measured on the H200 since). Its memory (4.8 TB/s against 3.35) makes the
+#: first two with the LSE too), but for three (``length_causal_padded`` and ``pairs_causal`` stay
+#: 3584 and 2^30, the H100's before the three-consumer switch-over moved, not measured on the
+#: H200 since). Its memory (4.8 TB/s against 3.35) makes the
 #: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
 #: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
 #: the H100. Measured after the column-pair stores at D 129-191 (79a6f1a), at ef638f6
@@ -205,7 +213,7 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, length_causal_padded=3584
 #: what these fields can express (they only raise ``length`` and ``pairs``): 12 of 24 calls
 #: handed over there ran 8-24 % faster in the kernel. Known, not changed.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2048, length_causal_padded=3584)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2048, length_causal_padded=3584, pairs_causal=1 << 30)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

@@ -97,14 +97,17 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
     keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores), and
-    causal calls at head dims 65-127, which it keeps from 3584 (the H100 from 3072, measured
-    after the three-consumer switch-over moved); without the Hopper kernel both hand over the same."""
+    causal calls at head dims 65-127 and causal calls of 3 x 2^28 to 2^30 pairs, which it hands
+    over (the H100 keeps them: measured after the three-consumer switch-over moved); without the
+    Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa", "length_causal_padded"}
-    # causal at head dims 65-127: the H100's 3072 measured after the three-consumer switch-over
-    # moved (bae882e), the H200 keeps the 3584 set before it
-    assert (dispatch.GH100_SM90.length_causal_padded, dispatch.H200_SM90.length_causal_padded) == (3072, 3584)
-    assert dispatch.GH100_OTHERS.length_causal_padded == 3584
+    assert diff == {"length_192_gqa", "length_causal_padded", "pairs_causal"}
+    # causal: the H100's 3072 at head dims 65-127 and 3 x 2^28 pairs measured after the
+    # three-consumer switch-over moved (bae882e, 48feaa2), the H200 keeps the 3584 and 2^30 set
+    # before it; so do the other kernels
+    for f, h100, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30)):
+        assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (h100, before)
+        assert getattr(dispatch.GH100_OTHERS, f) == before
     assert dispatch.hand_over_for((9, 0), "NVIDIA H200", "triton") == dispatch.GH100_OTHERS
     call = (4, 32, 2048, 2048, 176, False, 8)
     assert dispatch.short_call(dispatch.GH100_SM90, *call) and not dispatch.short_call(dispatch.H200_SM90, *call)
@@ -387,7 +390,10 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # causal at head dims 32-112 after the three-consumer switch-over moved (23bd5da):
                     # length_causal_padded 3072 set on the first, checked on the second
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal": 17,
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal-check": 7})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal-check": 7,
+                    # causal calls around the causal pair limit on the three-consumer kernel:
+                    # pairs_causal 3 x 2^28 (was 2^30) set on it
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-causal-pairs": 18})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -471,10 +477,7 @@ def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
 # faster (the set's other 2048 calls 0.95-1.04), and two with the LSE above it, 2 x 40 / 20 x
 # 2176^2 at D=192 and 144, the kernel 7-9 % slower (cuDNN runs multiples of 128 best; at 2112 and
 # 2240 the same calls ran 0.95-1.03); on the H200 (2048, ef638f6) one call under it, 4 x 32 / 8 x
-# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06); and causal 2 x 40
-# x 3584^2 at D=96 (2^29.9 pairs, under pairs_causal, 2^30, which was set when causal calls ran two
-# consumers up to 8191 keys), the kernel 13 % faster since three run from 3072 keys (6 % with the
-# LSE; bae882e): the causal pair limit is due for a new measurement on the three-consumer kernel
+# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06)
 ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short", (4, 32, 2048, 2048, 176, False)): 1.08,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 192, False)): 1.09,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 144, False)): 1.08,
@@ -482,9 +485,7 @@ ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-shor
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa-check", (1, 64, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-lse-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
-              ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08,
-              ("2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal-check", (2, 40, 3584, 3584, 96, True)): 1.13,
-              ("2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check", (2, 40, 3584, 3584, 96, True)): 1.07}
+              ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08}
 
 
 def _limits_of(run: dict) -> dispatch.HandOver:
@@ -559,7 +560,8 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-2112": 27,
             # causal at head dims 32-112 after the three-consumer switch-over moved
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal": 17,
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-lse-causal-pairs": 18}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

@@ -109,7 +109,7 @@ GQA_GROUP = 2
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
-#: GH200; the H200 takes H200_SM90 below, these but one limit), measured on an H100 beside SDPA
+#: GH200; the H200 takes H200_SM90 below, these but three limits), measured on an H100 beside SDPA
 #: with bench/crossover.py:
 #: - short calls (the ``square`` and ``rect`` sets,
 #:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes

@@ -58,8 +58,9 @@ struct Sm90Args {
 
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
 // with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
-// runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two below: three are
-// slower on short sequences (fewer, longer work tiles, and the split PV product below).
+// runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two
+// below (sm90_consumers in attn_sm90_host.cu): three are slower on short sequences (fewer,
+// longer work tiles, and the split PV product below).
 // Measured end to end on the H100 (bench/waves.py, 9b1ba9c): three 7 % faster at 1536 keys
 // (4 x 32 and 1 x 32), 0-12 % slower at 1024; causal, 2-6 % faster from 3072 keys (4 x 32,
 // 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the

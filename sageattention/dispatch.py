@@ -191,7 +191,10 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
-GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, length_causal_padded=3584, pairs_causal=1 << 30)
+#: The two causal limits as they were before the H100's three-consumer switch-over moved (23bd5da),
+#: kept where they were not measured again: the other kernels and the H200.
+_CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30)
+GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
@@ -213,7 +216,7 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, length_causal_padded=3584
 #: what these fields can express (they only raise ``length`` and ``pairs``): 12 of 24 calls
 #: handed over there ran 8-24 % faster in the kernel. Known, not changed.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2048, length_causal_padded=3584, pairs_causal=1 << 30)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2048, **_CAUSAL_BEFORE_NC3)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

@@ -154,6 +154,14 @@ CAUSAL_PAIRS = ([(1, 24, 24, n, n, 128, True) for n in (4096, 5120, 6144, 7168)]
                 + [(1, 40, 40, n, n, 128, True) for n in (4096, 5120)]
                 + [(1, 16, 16, n, n, 128, True) for n in (6144, 8192)]
                 + [(2, 40, 40, 3584, 3584, 96, True), (1, 24, 24, 6144, 6144, 96, True), (1, 32, 32, 5120, 5120, 80, True)])
+# the H100's causal pair limit (3 x 2^28 since 2885f05, set on CAUSAL_PAIRS) checked on head counts
+# and lengths that set did not have, from 2^29.3 to 2^29.8 pairs (1 x 48 x 4096^2, 3 x 16 x 4096^2
+# and 1 x 12 x 8192^2 exactly at the limit)
+CAUSAL_PAIRS_CHECK = ([(1, 20, 20, n, n, 128, True) for n in (6144, 6656)]
+                      + [(1, 12, 12, n, n, 128, True) for n in (7680, 8192)]
+                      + [(2, 16, 16, n, n, 128, True) for n in (4608, 5120)]
+                      + [(1, 56, 56, n, n, 128, True) for n in (3584, 4096)]
+                      + [(1, 48, 48, 4096, 4096, 128, True), (3, 16, 16, 4096, 4096, 128, True)])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -187,6 +195,7 @@ SETS = {
     "padded-causal": PADDED_CAUSAL,
     "padded-causal-check": PADDED_CAUSAL_CHECK,
     "causal-pairs": CAUSAL_PAIRS,
+    "causal-pairs-check": CAUSAL_PAIRS_CHECK,
 }
 
 

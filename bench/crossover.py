@@ -162,6 +162,13 @@ CAUSAL_PAIRS_CHECK = ([(1, 20, 20, n, n, 128, True) for n in (6144, 6656)]
                       + [(2, 16, 16, n, n, 128, True) for n in (4608, 5120)]
                       + [(1, 56, 56, n, n, 128, True) for n in (3584, 4096)]
                       + [(1, 48, 48, 4096, 4096, 128, True), (3, 16, 16, 4096, 4096, 128, True)])
+# causal-pairs-check ran calls of 6144 keys and more on few heads at 0.91-0.93 of cuDNN's time
+# below the H100's 3 x 2^28 (2^29.3-2^29.5): from 6144 keys a lower pair limit (2^29), checked on
+# head counts neither set had, from 2^28.6 to 2^29.5 pairs, and at D=64 and 96
+CAUSAL_LONG = ([(1, h, h, n, n, 128, True) for h, n in ((6, 8192), (8, 8192), (14, 6144), (10, 7168), (11, 7168),
+                                                       (5, 10240), (4, 12288))]
+               + [(2, 8, 8, 6144, 6144, 128, True)]
+               + [(1, h, h, n, n, d, True) for d in (64, 96) for h, n in ((16, 6144), (12, 7680), (8, 8192))])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -196,6 +203,7 @@ SETS = {
     "padded-causal-check": PADDED_CAUSAL_CHECK,
     "causal-pairs": CAUSAL_PAIRS,
     "causal-pairs-check": CAUSAL_PAIRS_CHECK,
+    "causal-long": CAUSAL_LONG,
 }
 
 

@@ -72,7 +72,9 @@ class HandOver(NamedTuple):
     causal calls at the head dims it pads to 128 or 64, ``length_causal_padded`` and
     ``length_causal_padded_d64``) the quantization costs more than the kernel saves; below
     ``pairs`` (``pairs_causal``; at least ``pairs_192`` for head dims 129-192) of ``B·Hq·Nq·Nk``
-    the call is too small to fill the GPU. Causal GQA calls with at least
+    the call is too small to fill the GPU; causal calls of ``length_causal_long`` keys or more
+    at head dims up to 128 are short only below ``pairs_causal_long`` if that is lower (the
+    kernel gains on cuDNN with the length, so long causal calls on few heads still beat it). Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
     quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
     query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
@@ -100,6 +102,8 @@ class HandOver(NamedTuple):
     pairs: int
     pairs_causal: int
     pairs_causal_gqa: int
+    length_causal_long: int
+    pairs_causal_long: int
     lse_head_dim: int
 
 
@@ -187,13 +191,14 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
-                      pairs=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29, lse_head_dim=256)
+                      pairs=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29,
+                      length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
 #: The two causal limits as they were before the H100's three-consumer switch-over moved (23bd5da),
 #: kept where they were not measured again: the other kernels and the H200.
-_CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30)
+_CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs_causal_long=1 << 30)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
@@ -441,6 +446,8 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
         pairs = lim.pairs_causal_gqa if gqa else lim.pairs_causal
+        if len_q >= lim.length_causal_long and head_dim <= 128:
+            pairs = min(pairs, lim.pairs_causal_long)
         if head_dim < 64:  # run as 64 columns, zero-padded
             length = max(length, lim.length_causal_padded_d64)
         elif 64 < head_dim < 128:  # run as 128

@@ -101,11 +101,12 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     over (the H100 keeps them: measured after the three-consumer switch-over moved); without the
     Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa", "length_causal_padded", "pairs_causal"}
-    # causal: the H100's 3072 at head dims 65-127 and 3 x 2^28 pairs measured after the
-    # three-consumer switch-over moved (bae882e, 48feaa2), the H200 keeps the 3584 and 2^30 set
-    # before it; so do the other kernels
-    for f, h100, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30)):
+    assert diff == {"length_192_gqa", "length_causal_padded", "pairs_causal", "pairs_causal_long"}
+    # causal: the H100's 3072 at head dims 65-127, 3 x 2^28 pairs and 2^29 from 6144 keys measured
+    # after the three-consumer switch-over moved (bae882e, 48feaa2, 149d2d2), the H200 keeps the
+    # 3584 and 2^30 set before it; so do the other kernels
+    for f, h100, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
+                            ("pairs_causal_long", 1 << 29, 1 << 30)):
         assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (h100, before)
         assert getattr(dispatch.GH100_OTHERS, f) == before
     assert dispatch.hand_over_for((9, 0), "NVIDIA H200", "triton") == dispatch.GH100_OTHERS
@@ -149,7 +150,8 @@ LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, 
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
-                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29, lse_head_dim=128)
+                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29,
+                           length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=128)
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
 
 
@@ -172,6 +174,13 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(1, 16, 4096, 4096, 192), False, False, True),  # 2^28 pairs: below 2^29
     (LIMITS, _dims(2, 16, 4096, 4096, 192), False, False, False),  # 2^29
     (LIMITS, _dims(1, 16, 6144, 6144, 176), True, False, True),  # causal: 2^29.2 < 2^30
+    # causal from length_causal_long (6144) keys at head dims up to 128: pairs from 2^29
+    (LIMITS, _dims(1, 16, 6144, 6144, 128), True, False, False),  # 2^29.2
+    (LIMITS, _dims(1, 16, 6143, 6143, 128), True, False, True),
+    (LIMITS, _dims(1, 14, 6144, 6144, 128), True, False, True),  # 2^28.98
+    (LIMITS, _dims(1, 8, 8192, 8192, 64), True, False, False),  # 2^29 exactly
+    (LIMITS, _dims(1, 12, 7680, 7680, 96), True, False, False),
+    (LIMITS, _dims(1, 16, 6144, 6144, 136), True, False, True),  # above 128: 2^30 still
     # head dims the kernel pads to 256 and computes whole: from 8192 (causal too), pairs as for the others
     (LIMITS, _dims(4, 32, 8191, 8191, 200), False, False, True),
     (LIMITS, _dims(4, 32, 8192, 8192, 200), False, False, False),
@@ -393,7 +402,11 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-padded-causal-check": 7,
                     # causal calls around the causal pair limit on the three-consumer kernel:
                     # pairs_causal 3 x 2^28 (was 2^30) set on it
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-causal-pairs": 18})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-causal-pairs": 18,
+                    # and checked on other head counts (149d2d2), which set the lower pair limit
+                    # from 6144 keys (pairs_causal_long); the gqa set again on this kernel
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-causal-pairs-check": 10,
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-gqa": 40})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -561,7 +574,8 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             # causal at head dims 32-112 after the three-consumer switch-over moved
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal": 17,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7,
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-lse-causal-pairs": 18}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-lse-causal-pairs": 18,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-lse-causal-pairs-check": 10}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

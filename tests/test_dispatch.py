@@ -97,8 +97,9 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
     keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores), and
-    causal calls at head dims 65-127 and causal calls of 3 x 2^28 to 2^30 pairs, which it hands
-    over (the H100 keeps them: measured after the three-consumer switch-over moved); without the
+    causal calls at head dims 65-127, causal calls of 3 x 2^28 to 2^30 pairs and those of 2^29 to
+    2^30 from 6144 keys, which it hands over (the H100 keeps them: measured after the
+    three-consumer switch-over moved); without the
     Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
     assert diff == {"length_192_gqa", "length_causal_padded", "pairs_causal", "pairs_causal_long"}
@@ -406,7 +407,9 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # and checked on other head counts (149d2d2), which set the lower pair limit
                     # from 6144 keys (pairs_causal_long); the gqa set again on this kernel
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-causal-pairs-check": 10,
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-gqa": 40})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-gqa": 40,
+                    # that limit checked after on head counts neither had, and at D=64 and 96
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-a7413c4-crossover-causal-long": 14})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -575,7 +578,8 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal": 17,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-lse-causal-pairs": 18,
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-lse-causal-pairs-check": 10}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-lse-causal-pairs-check": 10,
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-a7413c4-crossover-lse-causal-long": 14}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))

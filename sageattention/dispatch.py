@@ -113,7 +113,7 @@ GQA_GROUP = 2
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
-#: GH200; the H200 takes H200_SM90 below, these but three limits), measured on an H100 beside SDPA
+#: GH200; the H200 takes H200_SM90 below, these but four limits), measured on an H100 beside SDPA
 #: with bench/crossover.py:
 #: - short calls (the ``square`` and ``rect`` sets,
 #:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
@@ -126,7 +126,13 @@ GQA_GROUP = 2
 #:   (2^29.75) at 0.90 of cuDNN's time, 1 x 40 x 5120^2 0.91, 1 x 32 x 5120^2 0.95, 2 x 40 x
 #:   3584^2 0.95 (LSE 1.03) and at D=80-96 0.80-0.87, all handed over by 2^30; below 3 x 2^28
 #:   (2^29.58) 1.00-1.13 but 1 x 16 x 6144^2 (0.96): ``pairs_causal`` 3 x 2^28 on the H100
-#:   (2 x 24 x 4096^2, exactly that, 1.00 / LSE 1.05, and the padded-causal-check set agree);
+#:   (2 x 24 x 4096^2, exactly that, 1.00 / LSE 1.05, and the padded-causal-check set agree).
+#:   A check on other head counts (…-149d2d2-crossover-causal-pairs-check.md, LSE twin) held it
+#:   at 4096-5120 keys (0.95-1.05) but ran 1 x 20 x 6144^2 and 1 x 12 x 7680^2 (2^29.3-2^29.5)
+#:   at 0.91-0.93 (LSE 0.94-0.97): the kernel gains on cuDNN with the length, so from
+#:   ``length_causal_long`` 6144 keys at head dims up to 128 ``pairs_causal_long`` 2^29. Checked
+#:   after (…-a7413c4-crossover-causal-long.md, LSE twin; 4 to 16 heads at 6144-12288 keys,
+#:   2^28.6-2^29.5, D=64, 96, 128): kept calls 0.82-1.03 of cuDNN's time, handed-over 0.95-1.03;
 #: - head dims above 128 (the ``wide`` set, …-1389d44-crossover.md): at D=256 the same limits
 #:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
 #:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
@@ -196,16 +202,18 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
-#: The two causal limits as they were before the H100's three-consumer switch-over moved (23bd5da),
-#: kept where they were not measured again: the other kernels and the H200.
+#: The causal limits (a length, two pair limits) as they were before the H100's three-consumer
+#: switch-over moved (23bd5da), kept where they were not measured again: the other kernels and
+#: the H200.
 _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs_causal_long=1 << 30)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
-#: first two with the LSE too), but for three (``length_causal_padded`` and ``pairs_causal`` stay
-#: 3584 and 2^30, the H100's before the three-consumer switch-over moved, not measured on the
-#: H200 since). Its memory (4.8 TB/s against 3.35) makes the
+#: first two with the LSE too), but for four (``length_causal_padded`` stays 3584, ``pairs_causal``
+#: and ``pairs_causal_long`` 2^30, the H100's before the three-consumer switch-over moved, not
+#: measured on the H200 since; and ``length_192_gqa``, below). Its memory (4.8 TB/s against
+#: 3.35) makes the
 #: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
 #: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
 #: the H100. Measured after the column-pair stores at D 129-191 (79a6f1a), at ef638f6

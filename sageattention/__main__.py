@@ -34,28 +34,42 @@ def main() -> None:
         print(f"sageattn uses {choice.backend}")
         s = choice.hand_over
         if s is not None:  # dispatch.HAND_OVER
-            wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
-            print(f"  to SDPA (cuDNN first): {wide}"
-                  f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
-                  f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
-                  f"{s.length_causal_padded} at 64 < D < 128), {s.length_192} at 128 < D <= 192 (causal "
-                  f"{s.length_causal_192}, and B*H*Nq*Nk below 2^{s.pairs_192.bit_length() - 1}; with "
-                  f"{dispatch.GQA_GROUP} or more query heads per K/V head {s.length_192_gqa}, causal "
-                  f"{s.length_causal_192_gqa}, and 2^{s.pairs_192_gqa.bit_length() - 1}), "
-                  f"{s.length_padded} at 192 < D < 256 causal or not, "
-                  f"or B*H*Nq*Nk below 2^{s.pairs.bit_length() - 1}, causal 2^{s.pairs_causal.bit_length() - 1} "
-                  f"(2^{s.pairs_causal_gqa.bit_length() - 1} with {dispatch.GQA_GROUP} or more query heads "
-                  "per K/V head) "
-                  "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits); "
-                  "no call at a head dim that is not a multiple of 8 (SDPA runs those on flash, slower)")
-            print(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
-                  f"(cuDNN {dispatch._cudnn_version()}), two keys or more (o and the LSE from torch's cuDNN "
-                  "attention); the others run the kernel")
+            print(hand_over_text(s))
         else:
             print("  every call, no hand-over to SDPA (none measured for this GPU: dispatch.HAND_OVER)")
     except RuntimeError as exc:
         print(f"sageattn      unavailable: {exc}")
     print(f"sageattn3_blackwell (FP4) {fp4_status(torch.cuda.get_device_capability(dev))}")
+
+
+def _count(n: int) -> str:
+    """A limit on B*H*Nq*Nk as written in dispatch.py: 2^29, 3*2^28."""
+    k = (n & -n).bit_length() - 1  # trailing zero bits
+    return f"2^{k}" if n == 1 << k else f"{n >> k}*2^{k}"
+
+
+def hand_over_text(s: "dispatch.HandOver") -> str:
+    """The calls a choice with hand-over limits ``s`` (dispatch.HAND_OVER) sends to SDPA, in words:
+    two lines, the limits and the return_lse rule."""
+    wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
+    g = dispatch.GQA_GROUP
+    long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
+                  if s.pairs_causal_long < s.pairs_causal else "")
+    return (f"  to SDPA (cuDNN first): {wide}"
+            f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}, causal {s.length_causal} "
+            f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
+            f"{s.length_causal_padded} at 64 < D < 128), {s.length_192} at 128 < D <= 192 (causal "
+            f"{s.length_causal_192}, and B*H*Nq*Nk below {_count(s.pairs_192)}; with "
+            f"{g} or more query heads per K/V head {s.length_192_gqa}, causal "
+            f"{s.length_causal_192_gqa}, and {_count(s.pairs_192_gqa)}), "
+            f"{s.length_padded} at 192 < D < 256 causal or not, "
+            f"or B*H*Nq*Nk below {_count(s.pairs)}, causal {_count(s.pairs_causal)}{long_pairs} "
+            f"({_count(s.pairs_causal_gqa)} with {g} or more query heads per K/V head) "
+            "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits); "
+            "no call at a head dim that is not a multiple of 8 (SDPA runs those on flash, slower)\n"
+            f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
+            f"(cuDNN {dispatch._cudnn_version()}), two keys or more (o and the LSE from torch's cuDNN "
+            "attention); the others run the kernel")
 
 
 def fp4_status(cap) -> str:

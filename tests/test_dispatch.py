@@ -843,6 +843,22 @@ def test_main_module_prints_versions(capsys):
     assert "sageattention 2.2.0" in out and torch.__version__ in out
 
 
+def test_main_module_states_the_pair_limits_as_set():
+    """`python -m sageattention` writes each pair limit as the number it is (3*2^28 printed as
+    2^29 before), and the lower causal one from length_causal_long keys only where it is lower."""
+    from sageattention.__main__ import _count, hand_over_text
+
+    for row in (dispatch.GH100_SM90, dispatch.H200_SM90, dispatch.GH100_OTHERS):
+        for f in ("pairs", "pairs_causal", "pairs_causal_gqa", "pairs_causal_long", "pairs_192", "pairs_192_gqa"):
+            n = getattr(row, f)
+            base, _, exp = _count(n).rpartition("2^")
+            assert (int(base.rstrip("*") or 1) << int(exp)) == n, (f, n)
+    h100, h200 = hand_over_text(dispatch.GH100_SM90), hand_over_text(dispatch.H200_SM90)
+    assert "causal 3*2^28, from 6144 keys at D <= 128 2^29 (2^29 with 2 or more" in h100
+    assert "causal 2^30 (2^29 with 2 or more" in h200 and "6144" not in h200
+    assert "3584 at 64 < D < 128" in h200 and "3072 at 64 < D < 128" in h100
+
+
 def _short_route(monkeypatch):
     """sageattn with an sm90 choice faked onto CPU tensors: a short call takes the hand-over."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")

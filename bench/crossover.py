@@ -1,10 +1,8 @@
 """Where the quantized kernel and SDPA cross over: short sequences and unequal Nq, Nk.
 
-    python bench/crossover.py [--set square rect check wide wide-narrow wide-gqa wide-gqa-check
-                               wide-gqa-short wide-gqa-short-check wide-gqa-edge wide-gqa-edge-check
-                               wide-gqa-2112 wide-gqa-2048 odd-dims odd-dims-small causal-rect gqa
-                               gqa-small padded padded-causal]
-                              [--lse] [--repeats 3] [--out bench/results]
+    python bench/crossover.py [--set NAME ...] [--lse] [--repeats 3] [--out bench/results]
+
+(NAME: a key of SETS below, described here; `--help` lists them.)
 
 For each shape (B, H, H_kv, Nq, Nk, D, causal) the GPU time of:
   - kernel: the quantized call that dispatch chooses for this GPU (its public kernel function
@@ -34,7 +32,9 @@ not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs
 LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), ``gqa-small``
 2 and 3 per K/V head; ``padded`` head dims that the Hopper kernel runs zero-padded to 64 or 128
 columns (32, 48, 80, 96, 112; N 1024 to 8192), ``padded-causal`` causal calls at those head
-dims between the lengths measured there. With
+dims between the lengths measured there, ``padded-causal-check`` the same lengths on other heads;
+``causal-pairs`` causal calls around the causal pair limit, ``causal-pairs-check`` other head
+counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pair limit there). With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns

@@ -74,7 +74,8 @@ class HandOver(NamedTuple):
     ``pairs`` (``pairs_causal``; at least ``pairs_192`` for head dims 129-192) of ``B·Hq·Nq·Nk``
     the call is too small to fill the GPU; causal calls of ``length_causal_long`` keys or more
     at head dims up to 128 are short only below ``pairs_causal_long`` if that is lower (the
-    kernel gains on cuDNN with the length, so long causal calls on few heads still beat it). Causal GQA calls with at least
+    kernel gains on cuDNN with the length, so long causal calls on few heads still beat it).
+    Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
     quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
     query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
@@ -128,7 +129,7 @@ GQA_GROUP = 2
 #:   (2^29.58) 1.00-1.13 but 1 x 16 x 6144^2 (0.96): ``pairs_causal`` 3 x 2^28 on the H100
 #:   (2 x 24 x 4096^2, exactly that, 1.00 / LSE 1.05, and the padded-causal-check set agree).
 #:   A check on other head counts (…-149d2d2-crossover-causal-pairs-check.md, LSE twin) held it
-#:   at 4096-5120 keys (0.95-1.05) but ran 1 x 20 x 6144^2 and 1 x 12 x 7680^2 (2^29.3-2^29.5)
+#:   at 3584-5120 keys (0.95-1.07, each call within 5 % of its faster side) but ran 1 x 20 x 6144^2 and 1 x 12 x 7680^2 (2^29.3-2^29.5)
 #:   at 0.91-0.93 (LSE 0.94-0.97): the kernel gains on cuDNN with the length, so from
 #:   ``length_causal_long`` 6144 keys at head dims up to 128 ``pairs_causal_long`` 2^29. Checked
 #:   after (…-a7413c4-crossover-causal-long.md, LSE twin; 4 to 16 heads at 6144-12288 keys,

@@ -1,0 +1,376 @@
+"""Seeded random calls: every public function on shapes, views and options that the grids of
+test_gpu.py do not combine (batch > 1 with GQA and Nq != Nk, head dims 1-256, lengths at the
+edges of the kernels' 64-, 128- and 192-row tiles, q/k/v as views of one packed tensor or of a
+wider one, a non-default ``sm_scale``, each function's own options), each checked against fp32
+attention and, tightly, against the reference of the quantized math; a view's base tensor must
+come out unchanged. The cases are drawn from ``SAGEATTN_FUZZ_SEED`` (default 0), so a failure's
+id reproduces it; another seed explores other calls:
+
+    SAGEATTN_FUZZ_SEED=7 SAGEATTN_FUZZ_CASES=400 python -m pytest tests/test_fuzz.py -n 12
+
+The calls need a GPU (marked ``gpu``); the case generator is tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import pytest
+import torch
+
+from helpers import (
+    CUDA_BACKENDS,
+    FP8_BACKENDS,
+    LSE_VS_FP32,
+    assert_close_to_fp32,
+    assert_close_to_reference,
+    assert_lse_close_to_reference,
+    cu_seqlens,
+    cuda_defaults,
+    hnd,
+    sdpa_fp32,
+    visible_kv,
+)
+
+SEED = int(os.environ.get("SAGEATTN_FUZZ_SEED", "0"))
+CASES = int(os.environ.get("SAGEATTN_FUZZ_CASES", "80"))
+VARLEN_CASES = int(os.environ.get("SAGEATTN_FUZZ_VARLEN_CASES", "40"))
+# B * Hq * Nq * Nk per case: the float64 reference holds a few such score matrices
+MAX_SCORES = 1 << 24
+VIEWS = ("contiguous", "packed", "sliced", "transposed")
+# fp8 P and V against fp32 (test_gpu.py's bars: twice the reference's worst case)
+FP8_VS_FP32 = {"cos": 0.998, "l1": 0.06}
+DEVICE = "cuda"  # where the calls run (a dry run of the checks can point it at the CPU interpreter)
+
+
+@dataclass(frozen=True)
+class Case:
+    index: int
+    b: int
+    hq: int
+    hkv: int
+    nq: int
+    nk: int
+    d: int
+    bf16: bool
+    layout: str
+    view: str
+    causal: bool
+    lse: bool
+    scale: Optional[float]  # None: 1/sqrt(d)
+
+    @property
+    def dtype(self):
+        return torch.bfloat16 if self.bf16 else torch.float16
+
+    @property
+    def seed(self):
+        return SEED * 1_000_003 + self.index
+
+    def __str__(self):
+        sc = "dflt" if self.scale is None else f"{self.scale:.3g}"
+        return (f"{self.index}:{self.b}x{self.hq}/{self.hkv}x{self.nq}x{self.nk}xd{self.d}-"
+                f"{'bf16' if self.bf16 else 'fp16'}-{self.layout}-{self.view}"
+                f"{'-causal' if self.causal else ''}{'-lse' if self.lse else ''}-scale{sc}")
+
+
+def _length(rng: random.Random) -> int:
+    r = rng.random()
+    if r < 0.3:
+        return rng.randint(1, 200)
+    if r < 0.6:  # at a tile edge: 64-key halves, 128-row/key tiles, 192-row tiles
+        return max(1, rng.choice((64, 128, 192)) * rng.randint(1, 20) + rng.choice((-1, 0, 1)))
+    return rng.randint(200, 3000)
+
+
+def _head_dim(rng: random.Random) -> int:
+    r = rng.random()
+    if r < 0.4:
+        return rng.choice((64, 128))
+    if r < 0.75:
+        return 8 * rng.randint(1, 32)
+    return rng.randint(1, 256)
+
+
+def _scale(rng: random.Random, d: int) -> Optional[float]:
+    """None (the default, 1/sqrt(d)) or the default times 0.5-2: logits of the usual size (a much
+    larger scale makes the softmax pick between near-equal scores, which INT8 Q and K cannot
+    resolve by design)."""
+    return None if rng.random() < 0.5 else rng.uniform(0.5, 2.0) / d ** 0.5
+
+
+def make_case(index: int) -> Case:
+    rng = random.Random(SEED * 1_000_003 + index)
+    hkv = rng.randint(1, 3)
+    hq = hkv * rng.choice((1, 1, 2, 3, 4, 8))
+    b = rng.choice((1, 1, 2, 3))
+    nk = _length(rng)
+    r = rng.random()
+    nq = nk if r < 0.5 else (1 if r < 0.6 else _length(rng))
+    while b * hq * nq * nk > MAX_SCORES:
+        if nq >= nk:
+            nq = max(1, nq // 2)
+        else:
+            nk = max(1, nk // 2)
+    view = rng.choice(VIEWS)
+    if view == "packed" and nq != nk:  # one tensor of all heads needs one length
+        view = "sliced"
+    d = _head_dim(rng)
+    return Case(index, b, hq, hkv, nq, nk, d, rng.random() < 0.5, rng.choice(("HND", "NHD")), view,
+                rng.random() < 0.4, rng.random() < 0.4, _scale(rng, d))
+
+
+def function_options(name: str, case: Case) -> dict:
+    """Keywords of a kernel function for this case, drawn apart from the case itself (so that
+    every function sees the same shapes) but as reproducibly."""
+    rng = random.Random(case.seed ^ zlib.crc32(name.encode()))
+    if name == "sageattn":
+        return {}
+    if name == "triton":
+        return {"smooth_k": rng.random() < 0.8}
+    from sageattention import core
+
+    opts = {"qk_quant_gran": rng.choice(("per_warp", "per_thread")), "smooth_k": rng.random() < 0.8,
+            "pv_accum_dtype": rng.choice(core._PV_CHOICES[name])}
+    if name == "cuda_fp8" and opts["pv_accum_dtype"] == "fp32":
+        opts["smooth_v"] = rng.random() < 0.5
+    if name == "cuda_sm90" and case.d <= 128 and rng.random() < 0.25:
+        opts["v_fp8_terms"] = 2
+    return opts
+
+
+def make_inputs(case: Case, device):
+    """q, k, v of the case in its layout as the view it names, K with a per-channel bias of one
+    sigma, and the tensors that hold their storage (to check that none is written)."""
+    g = torch.Generator().manual_seed(case.seed)
+    b, hq, hkv, nq, nk, d = case.b, case.hq, case.hkv, case.nq, case.nk, case.d
+    bias = torch.randn(d, generator=g)
+    nhd = case.layout == "NHD"
+
+    def as_layout(t_nhd):  # [B, N, H, D] view -> the case's layout
+        return t_nhd if nhd else t_nhd.transpose(1, 2)
+
+    if case.view == "packed":  # one [B, N, Hq + 2 Hkv, D] tensor, as a fused QKV projection gives
+        base = torch.randn(b, nq, hq + 2 * hkv, d, generator=g)
+        base[:, :, hq:hq + hkv] += bias
+        base = base.to(case.dtype).to(device)
+        q, k, v = base[:, :, :hq], base[:, :, hq:hq + hkv], base[:, :, hq + hkv:]
+        return (*[as_layout(t) for t in (q, k, v)], [base])
+    if case.view == "sliced":  # rows of a wider tensor, at an offset (unaligned starts)
+        pad = int(torch.randint(1, 8, (1,), generator=g))
+        off = int(torch.randint(0, pad + 1, (1,), generator=g))
+        bases = [torch.randn(b, n, h, d + pad, generator=g) for h, n in ((hq, nq), (hkv, nk), (hkv, nk))]
+        bases[1][..., off:off + d] += bias
+        bases = [t.to(case.dtype).to(device) for t in bases]
+        return (*[as_layout(t[..., off:off + d]) for t in bases], bases)
+    shapes = ((hq, nq), (hkv, nk), (hkv, nk))
+    ts = [torch.randn(b, n, h, d, generator=g) for h, n in shapes]
+    ts[1] += bias
+    if case.view == "transposed":  # contiguous in the other layout, a transposed view in this one
+        if nhd:
+            ts = [t.transpose(1, 2).contiguous().to(case.dtype).to(device) for t in ts]  # HND storage
+            return (*[t.transpose(1, 2) for t in ts], ts)
+        ts = [t.to(case.dtype).to(device) for t in ts]  # NHD storage
+        return (*[t.transpose(1, 2) for t in ts], ts)
+    ts = [as_layout(t).contiguous().to(case.dtype).to(device) for t in ts]
+    return (*ts, ts)
+
+
+CASE_LIST = [make_case(i) for i in range(CASES)]
+
+
+# ---- the generator, on the CPU ----
+
+def test_cases_cover_what_the_grids_do_not_combine():
+    """The default cases reach every view, both layouts and dtypes, causal and LSE calls, batch
+    > 1 with GQA and Nq != Nk, head dims that are not multiples of 8, lengths at tile edges and
+    custom scales; each case stays under the score budget and is drawn the same way twice."""
+    cases = [make_case(i) for i in range(max(CASES, 80))]
+    assert {c.view for c in cases} == set(VIEWS)
+    assert {c.layout for c in cases} == {"HND", "NHD"} and {c.bf16 for c in cases} == {True, False}
+    assert any(c.causal for c in cases) and any(c.lse for c in cases)
+    assert any(c.b > 1 and c.hq > c.hkv and c.nq != c.nk for c in cases)
+    assert any(c.d % 8 for c in cases) and any(c.d < 32 for c in cases)
+    assert any(c.nk % 64 in (1, 63) for c in cases) and any(c.nq == 1 for c in cases)
+    assert any(c.scale is not None for c in cases)
+    assert all(c.b * c.hq * c.nq * c.nk <= MAX_SCORES and 1 <= c.d <= 256 for c in cases)
+    assert [make_case(i) for i in range(10)] == cases[:10]
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_views_are_what_they_claim(view, layout):
+    """Each view kind gives q, k, v of the right shapes in the layout, sharing storage with the
+    returned bases, and, but for contiguous, not contiguous."""
+    case = replace(make_case(0), b=2, hq=4, hkv=2, nq=70, nk=70, d=24, layout=layout, view=view)
+    q, k, v, bases = make_inputs(case, "cpu")
+    h = (1, 2) if layout == "HND" else (2, 1)
+    for t, heads in ((q, 4), (k, 2), (v, 2)):
+        assert t.shape[h[0]] == heads and t.shape[h[1]] == 70 and t.shape[0] == 2 and t.shape[3] == 24
+        assert t.dtype == case.dtype
+        assert any(t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() for base in bases)
+        assert t.is_contiguous() == (view == "contiguous")
+
+
+# ---- the calls, on the GPU ----
+
+def _functions():
+    import sageattention as sa
+    from sageattention import dispatch
+
+    funcs = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
+    if torch.cuda.is_available():
+        for name in sa.available_backends():
+            if name != "triton":
+                funcs[name] = getattr(sa, dispatch.BACKENDS[name].function)
+    return funcs
+
+
+FUNCS = _functions()
+
+
+def _run_and_reference(name, case, q, k, v, opts):
+    """The backend that runs the call and the reference QuantConfig of it (None: SDPA)."""
+    from sageattention import _cuda, dispatch
+    from sageattention import triton as st
+    from sageattention._checks import Dims
+
+    kr, _ = visible_kv(q, k, v, case.layout, case.causal)
+    n_k = hnd(kr, case.layout).shape[2]
+    if name == "sageattn":
+        choice = dispatch.choose(q.device)
+        dims = Dims(case.b, case.hq, case.hkv, case.nq, n_k, case.d)
+        if dispatch.goes_to_sdpa(choice.hand_over, dims, case.causal, case.lse):
+            return "sdpa", None
+        name, opts = choice.backend, dict(cuda_defaults(choice.backend), **choice.options) \
+            if choice.backend in CUDA_BACKENDS else {}
+    if name == "triton":
+        return name, st.config_for(case.d, case.dtype, q.device, n_k).reference(case.dtype, opts.get("smooth_k", True))
+    full = dict(cuda_defaults(name), **opts)
+    return name, _cuda.reference_config(dispatch.BACKENDS[name].extension, full["qk_quant_gran"],
+                                        full["pv_accum_dtype"], case.dtype, full["smooth_k"],
+                                        full.get("smooth_v", False), full.get("v_fp8_terms", 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASE_LIST, ids=str)
+@pytest.mark.parametrize("name", list(FUNCS))
+def test_random_call(name, case):
+    from sageattention.reference import attention_exact, attention_quantized
+
+    q, k, v, bases = make_inputs(case, DEVICE)
+    before = [t.clone() for t in bases]
+    opts = function_options(name, case)
+    out = FUNCS[name](q, k, v, tensor_layout=case.layout, is_causal=case.causal, sm_scale=case.scale,
+                      return_lse=case.lse, **opts)
+    o, lse = out if case.lse else (out, None)
+    what = f"{name} {case} {opts}"
+    assert o.shape == q.shape and o.dtype == case.dtype, what
+    assert all(torch.equal(a, b) for a, b in zip(before, bases)), f"{what}: an input was written"
+    backend, cfg = _run_and_reference(name, case, q, k, v, opts)
+    fp8 = backend in FP8_BACKENDS
+    exact = sdpa_fp32(q, k, v, case.layout, case.causal, case.scale)
+    assert_close_to_fp32(hnd(o, case.layout), hnd(exact, case.layout), what, **(FP8_VS_FP32 if fp8 else {}))
+    if cfg is not None:
+        kr, vr = visible_kv(q, k, v, case.layout, case.causal)
+        ref = attention_quantized(q, kr, vr, case.layout, case.causal, case.scale, case.lse, cfg)
+        ro, rl = ref if case.lse else (ref, None)
+        assert_close_to_reference(o, ro, case.dtype, what, fp8=fp8)
+        if case.lse:
+            assert_lse_close_to_reference(lse, rl)
+    if case.lse:
+        _, el = attention_exact(q, k, v, case.layout, case.causal, case.scale, True)
+        assert lse.shape == (case.b, case.hq, case.nq), what
+        assert (lse - el).abs().max() < LSE_VS_FP32, what
+
+
+@dataclass(frozen=True)
+class VarlenCase:
+    index: int
+    lens_q: tuple
+    lens_k: tuple
+    hq: int
+    hkv: int
+    d: int
+    bf16: bool
+    causal: bool
+    lse: bool
+    smooth_k: bool
+    scale: Optional[float]
+    cpu_offsets: bool
+
+    def __str__(self):
+        lens = ",".join(f"{a}/{b}" for a, b in zip(self.lens_q, self.lens_k))
+        return (f"{self.index}:[{lens}]x{self.hq}/{self.hkv}xd{self.d}-{'bf16' if self.bf16 else 'fp16'}"
+                f"{'-causal' if self.causal else ''}{'-lse' if self.lse else ''}"
+                f"{'' if self.smooth_k else '-nosmooth'}{'-cpu' if self.cpu_offsets else '-gpu'}"
+                f"-scale{'dflt' if self.scale is None else f'{self.scale:.3g}'}")
+
+
+def make_varlen_case(index: int) -> VarlenCase:
+    rng = random.Random((SEED * 1_000_003 + index) ^ 0x5A5A)
+    n = rng.randint(1, 6)
+    lens_k = [0 if rng.random() < 0.1 else _length(rng) for _ in range(n)]
+    lens_q = [k if rng.random() < 0.5 else (0 if rng.random() < 0.1 else _length(rng)) for k in lens_k]
+    while sum(a * b for a, b in zip(lens_q, lens_k)) * 8 > MAX_SCORES:
+        i = max(range(n), key=lambda j: lens_q[j] * lens_k[j])
+        lens_q[i], lens_k[i] = lens_q[i] // 2, lens_k[i] // 2
+    hkv, d = rng.randint(1, 2), _head_dim(rng)
+    return VarlenCase(index, tuple(lens_q), tuple(lens_k), hkv * rng.choice((1, 2, 4)), hkv, d,
+                      rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.8, _scale(rng, d),
+                      rng.random() < 0.5)
+
+
+VARLEN_LIST = [make_varlen_case(i) for i in range(VARLEN_CASES)]
+
+
+def test_varlen_cases_cover_empty_and_unequal_sequences():
+    cases = [make_varlen_case(i) for i in range(max(VARLEN_CASES, 40))]
+    assert any(0 in c.lens_q or 0 in c.lens_k for c in cases)
+    assert any(c.causal and c.lens_q != c.lens_k for c in cases)
+    assert any(len(c.lens_q) > 3 for c in cases) and any(c.hq > c.hkv for c in cases)
+    assert all(sum(a * b for a, b in zip(c.lens_q, c.lens_k)) * c.hq <= MAX_SCORES for c in cases)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", VARLEN_LIST, ids=str)
+def test_random_varlen_call(case):
+    """Each sequence against fp32 attention alone and against the dense function of the kernel
+    sageattn_varlen runs, called on that sequence with the same options."""
+    import sageattention as sa
+    from sageattention import dispatch
+    from sageattention.reference import attention_exact
+
+    g = torch.Generator().manual_seed(case.index + 7919 * SEED)
+    tq, tk = sum(case.lens_q), sum(case.lens_k)
+    dt = torch.bfloat16 if case.bf16 else torch.float16
+    q = torch.randn(tq, case.hq, case.d, generator=g).to(dt).to(DEVICE)
+    k = (torch.randn(tk, case.hkv, case.d, generator=g) + torch.randn(case.d, generator=g)).to(dt).to(DEVICE)
+    v = torch.randn(tk, case.hkv, case.d, generator=g).to(dt).to(DEVICE)
+    where = "cpu" if case.cpu_offsets else DEVICE
+    o, lse = sa.sageattn_varlen(q, k, v, cu_seqlens(list(case.lens_q), where), cu_seqlens(list(case.lens_k), where),
+                                max(case.lens_q), max(case.lens_k), is_causal=case.causal, sm_scale=case.scale,
+                                smooth_k=case.smooth_k, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (case.hq, tq) and torch.isfinite(o).all(), str(case)
+    hopper = dispatch.varlen_groups(dispatch.chosen(q.device)[0], list(case.lens_q), list(case.lens_k),
+                                    case.causal) is not None
+    dense = sa.sageattn_qk_int8_pv_fp8_cuda_sm90 if hopper else sa.sageattn_qk_int8_pv_fp16_triton
+    sq = sk = 0
+    for nq, nk in zip(case.lens_q, case.lens_k):
+        what = f"{case}: sequence {nq}x{nk}"
+        if nq and nk:
+            part = [t[None] for t in (q[sq:sq + nq], k[sk:sk + nk], v[sk:sk + nk])]
+            eo, el = attention_exact(*part, tensor_layout="NHD", is_causal=case.causal, sm_scale=case.scale,
+                                     return_lse=True)
+            assert_close_to_fp32(o[sq:sq + nq][None], eo, what, **(FP8_VS_FP32 if hopper else {}))
+            assert (lse[:, sq:sq + nq] - el[0]).abs().max() < LSE_VS_FP32, what
+            od = dense(*part, tensor_layout="NHD", is_causal=case.causal, sm_scale=case.scale, smooth_k=case.smooth_k)
+            assert_close_to_reference(o[sq:sq + nq], od[0], dt, f"{what} vs dense", fp8=hopper)
+        elif nq:
+            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all(), what
+        sq += nq
+        sk += nk

@@ -64,9 +64,27 @@ def _cudnn_first(call):
         put_order(was_order)
 
 
+def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a 16-bit [B, H, N, D] view) as cuDNN's attention can read it: its start and every
+    stride but the last (which is 1) multiples of 16 bytes; else a contiguous copy. torch's
+    check lets other views through (rows of a wider tensor at an odd offset, say), and cuDNN
+    then returns a wrong result without an error, fails, or faults with a misaligned address
+    that poisons the CUDA context (found by tests/test_fuzz.py on an H100, torch 2.11). Under
+    torch.compile inductor's SDPA lowering aligns the inputs itself (and a traced tensor has no
+    address to test)."""
+    if torch.compiler.is_compiling():
+        return t
+    size = t.element_size()
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        (s * size) % 16 == 0 or n == 1 for s, n in zip(t.stride()[:-1], t.shape[:-1]))
+    return t if ok else t.clone(memory_format=torch.contiguous_format)
+
+
 def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
     """``F.scaled_dot_product_attention`` on [B, H, N, D] views with ORDER's backends, cuDNN
-    first; the caller's SDPA settings are as before afterwards."""
+    first; the caller's SDPA settings are as before afterwards. Views cuDNN cannot read are
+    copied first (:func:`cudnn_ready`)."""
+    q, k, v = (cudnn_ready(t) for t in (q, k, v))
     kw = {"enable_gqa": True} if enable_gqa else {}
     return _cudnn_first(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
                                                                                  scale=scale, **kw))
@@ -91,7 +109,9 @@ def sdpa_lse(q, k, v, is_causal: bool, scale: float):
     returns None (sageattn then runs its kernel). Under torch.compile the check cannot be traced
     and is skipped. GQA: K and V go with their own head count, which the operator takes as SDPA's
     cuDNN backend gives it them (repeating them for the query heads first took 1.1-1.9x the time
-    on the H100: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md)."""
+    on the H100: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md). Views cuDNN
+    cannot read are copied first (:func:`cudnn_ready`)."""
+    q, k, v = (cudnn_ready(t) for t in (q, k, v))
     if not torch.compiler.is_compiling() and not _cudnn_can_run(q, k, v, is_causal):
         return None
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)

@@ -903,6 +903,52 @@ def test_hand_over_leaves_the_callers_sdpa_settings_as_they_were(monkeypatch):
     assert _sdpa_state() == before
 
 
+@pytest.mark.parametrize("view", ["contiguous", "nhd-transposed", "packed-heads", "odd-offset", "odd-row-stride"])
+def test_cudnn_ready_copies_only_what_cudnn_cannot_read(view):
+    """SDPA's cuDNN attention needs a 16-byte aligned start and 16-byte multiples for every stride
+    but the last; torch's check does not test this (on an H100 such views gave garbage, a cuDNN
+    error or a misaligned-address fault: tests/test_fuzz.py). Aligned views go as they are (no
+    copy), others as a contiguous copy of the same values."""
+    from sageattention import _sdpa
+
+    g = torch.Generator().manual_seed(9)
+    base = torch.randn(2, 48, 3 * 4 + 1, 72, generator=g).to(torch.bfloat16)  # [B, N, heads, D + 8]
+    views = {
+        "contiguous": torch.randn(2, 4, 48, 64, generator=g).to(torch.bfloat16),
+        "nhd-transposed": base[:, :, :4, :64].contiguous().transpose(1, 2),
+        "packed-heads": base[:, :, 4:8, 8:72].transpose(1, 2),  # a fused QKV's K: aligned
+        "odd-offset": base[:, :, :4, 1:65].transpose(1, 2),  # start 2 bytes past 16
+        "odd-row-stride": torch.randn(2, 4, 48, 67, generator=g).to(torch.bfloat16)[..., :64],  # 134-byte rows
+    }
+    t = views[view]
+    got = _sdpa.cudnn_ready(t)
+    aligned = view in ("contiguous", "nhd-transposed", "packed-heads")
+    assert (got is t) == aligned
+    assert torch.equal(got, t) and got.data_ptr() % 16 == 0
+    assert all(s * 2 % 16 == 0 for s in got.stride()[:-1]) and got.stride(-1) == 1
+
+
+def test_hand_over_copies_misaligned_views(monkeypatch):
+    """A short call whose q, k, v are rows of a wider tensor at an odd offset goes to SDPA as
+    contiguous copies and gives the bits of the same call on contiguous inputs."""
+    from sageattention import _sdpa
+
+    q, k, v = _short_route(monkeypatch)
+    wide = [torch.cat([torch.zeros(*t.shape[:-1], 3, dtype=t.dtype), t], dim=-1)[..., 3:] for t in (q, k, v)]
+    assert all(w.data_ptr() % 16 for w in wide) and all(torch.equal(w, t) for w, t in zip(wide, (q, k, v)))
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(a, b, c, **kw):
+        seen.append([t.data_ptr() % 16 == 0 and t.stride(-1) == 1 for t in (a, b, c)])
+        return real(a, b, c, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    assert torch.equal(sa.sageattn(*wide, is_causal=True), sa.sageattn(q, k, v, is_causal=True))
+    assert seen and all(all(s) for s in seen)
+    assert _sdpa.cudnn_ready(q) is q
+
+
 def test_hand_over_under_dynamic_shapes(monkeypatch):
     """Compiled with dynamic shapes, the route is decided on each call's lengths (a guard), so
     every call goes where eager sends it: under the faked limits (L < 32) SDPA's bits, from 32 on

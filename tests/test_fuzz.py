@@ -252,7 +252,7 @@ def _run_and_reference(name, case, q, k, v, opts):
         return name, st.config_for(case.d, case.dtype, q.device, n_k).reference(case.dtype, opts.get("smooth_k", True))
     full = dict(cuda_defaults(name), **opts)
     return name, _cuda.reference_config(dispatch.BACKENDS[name].extension, full["qk_quant_gran"],
-                                        full["pv_accum_dtype"], case.dtype, full["smooth_k"],
+                                        full["pv_accum_dtype"], case.dtype, full.get("smooth_k", True),
                                         full.get("smooth_v", False), full.get("v_fp8_terms", 1))
 
 
@@ -267,6 +267,7 @@ def test_random_call(name, case):
     opts = function_options(name, case)
     out = FUNCS[name](q, k, v, tensor_layout=case.layout, is_causal=case.causal, sm_scale=case.scale,
                       return_lse=case.lse, **opts)
+    torch.cuda.synchronize()  # a fault is this call's, not the next test's
     o, lse = out if case.lse else (out, None)
     what = f"{name} {case} {opts}"
     assert o.shape == q.shape and o.dtype == case.dtype, what
@@ -355,6 +356,7 @@ def test_random_varlen_call(case):
     o, lse = sa.sageattn_varlen(q, k, v, cu_seqlens(list(case.lens_q), where), cu_seqlens(list(case.lens_k), where),
                                 max(case.lens_q), max(case.lens_k), is_causal=case.causal, sm_scale=case.scale,
                                 smooth_k=case.smooth_k, return_lse=True)
+    torch.cuda.synchronize()
     assert o.shape == q.shape and lse.shape == (case.hq, tq) and torch.isfinite(o).all(), str(case)
     hopper = dispatch.varlen_groups(dispatch.chosen(q.device)[0], list(case.lens_q), list(case.lens_k),
                                     case.causal) is not None

@@ -143,12 +143,14 @@ def function_options(name: str, case: Case) -> dict:
     return opts
 
 
-def make_inputs(case: Case, device):
+def make_inputs(case: Case, device, k_bias: bool = True):
     """q, k, v of the case in its layout as the view it names, K with a per-channel bias of one
-    sigma, and the tensors that hold their storage (to check that none is written)."""
+    sigma (``k_bias``; for calls without K smoothing, whose INT8 K a bias would coarsen beyond the
+    fp32 bars: what smoothing is for), and the tensors that hold their storage (to check that
+    none is written)."""
     g = torch.Generator().manual_seed(case.seed)
     b, hq, hkv, nq, nk, d = case.b, case.hq, case.hkv, case.nq, case.nk, case.d
-    bias = torch.randn(d, generator=g)
+    bias = torch.randn(d, generator=g) * float(k_bias)
     nhd = case.layout == "NHD"
 
     def as_layout(t_nhd):  # [B, N, H, D] view -> the case's layout
@@ -262,9 +264,9 @@ def _run_and_reference(name, case, q, k, v, opts):
 def test_random_call(name, case):
     from sageattention.reference import attention_exact, attention_quantized
 
-    q, k, v, bases = make_inputs(case, DEVICE)
-    before = [t.clone() for t in bases]
     opts = function_options(name, case)
+    q, k, v, bases = make_inputs(case, DEVICE, k_bias=opts.get("smooth_k", True))
+    before = [t.clone() for t in bases]
     out = FUNCS[name](q, k, v, tensor_layout=case.layout, is_causal=case.causal, sm_scale=case.scale,
                       return_lse=case.lse, **opts)
     torch.cuda.synchronize()  # a fault is this call's, not the next test's
@@ -350,7 +352,8 @@ def test_random_varlen_call(case):
     tq, tk = sum(case.lens_q), sum(case.lens_k)
     dt = torch.bfloat16 if case.bf16 else torch.float16
     q = torch.randn(tq, case.hq, case.d, generator=g).to(dt).to(DEVICE)
-    k = (torch.randn(tk, case.hkv, case.d, generator=g) + torch.randn(case.d, generator=g)).to(dt).to(DEVICE)
+    bias = torch.randn(case.d, generator=g) * float(case.smooth_k)  # as make_inputs
+    k = (torch.randn(tk, case.hkv, case.d, generator=g) + bias).to(dt).to(DEVICE)
     v = torch.randn(tk, case.hkv, case.d, generator=g).to(dt).to(DEVICE)
     where = "cpu" if case.cpu_offsets else DEVICE
     o, lse = sa.sageattn_varlen(q, k, v, cu_seqlens(list(case.lens_q), where), cu_seqlens(list(case.lens_k), where),

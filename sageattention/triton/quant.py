@@ -56,19 +56,19 @@ def _quant_block(
         tl.store(QKM + b.to(tl.int64) * qkm_sb + h.to(tl.int64) * qkm_sh + o_row0 + offs_r, qkm)
     if PER_TOKEN:
         amax = tl.maximum(tl.max(tl.abs(x), axis=1), _EPS)
-        xs = x * (127.0 / amax)[:, None]
+        xs = x * tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax)[:, None]
     else:
         amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), _EPS)
-        xs = x * (127.0 / amax)
+        xs = x * tl.div_rn(127.0, amax)
     xq = tl.where(xs >= 0, xs + 0.5, xs - 0.5).to(tl.int8)
     o_ptrs = (XO + b.to(tl.int64) * xo_sb + h.to(tl.int64) * xo_sh
               + (o_row0 + offs_r).to(tl.int64)[:, None] * BLOCK_D + offs_d[None, :])
     tl.store(o_ptrs, xq)
     s_base = XS + b.to(tl.int64) * xs_sb + h.to(tl.int64) * xs_sh
     if PER_TOKEN:
-        tl.store(s_base + o_row0 + offs_r, amax / 127.0)
+        tl.store(s_base + o_row0 + offs_r, tl.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)))
     else:
-        tl.store(s_base + o_row0 // BLOCK + blk, amax / 127.0)
+        tl.store(s_base + o_row0 // BLOCK + blk, tl.div_rn(amax, 127.0))
 
 
 @triton.jit

@@ -56,7 +56,7 @@ def _quant_block(
         tl.store(QKM + b.to(tl.int64) * qkm_sb + h.to(tl.int64) * qkm_sh + o_row0 + offs_r, qkm)
     # IEEE divisions (div_rn), as the CUDA kernels (__fdiv_rn) and the reference: Triton's `/` on
     # fp32 is approximate, and bf16 inputs often land on exact ties of x * 127 / amax, which it
-    # then rounded the other way on ~4 % of rows (bench/results/…-f091bf2-fuzz.md)
+    # then rounded the other way on ~4 % of rows (bench/results/2026-11-27-*-f091bf2-fuzz.md)
     if PER_TOKEN:
         amax = tl.maximum(tl.max(tl.abs(x), axis=1), _EPS)
         xs = x * tl.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax)[:, None]

@@ -69,9 +69,12 @@ def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
     stride but the last (which is 1) multiples of 16 bytes; else a contiguous copy. torch's
     check lets other views through (rows of a wider tensor at an odd offset, say), and cuDNN
     then returns a wrong result without an error, fails, or faults with a misaligned address
-    that poisons the CUDA context (found by tests/test_fuzz.py on an H100, torch 2.11). Under
-    torch.compile inductor's SDPA lowering aligns the inputs itself (and a traced tensor has no
-    address to test)."""
+    that poisons the CUDA context (found by tests/test_fuzz.py on an H100, torch 2.11). Traced by
+    torch.compile, a tensor has neither an address nor a storage offset that dynamo can read, so
+    it goes as it is: inductor's lowering of the cuDNN operator realigns strides
+    (``sdpa_constraint``) and clones inputs that arrive misaligned where it compiled them as
+    aligned, but, from reading its code, not a view whose start was already misaligned when it
+    compiled (not checked on a GPU); dynamo's other backends do neither."""
     if torch.compiler.is_compiling():
         return t
     size = t.element_size()

@@ -413,6 +413,24 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
     return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty(lse, dtype=torch.float32)
 
 
+def _seen_rows(k, v, lens_q, lens_k, is_causal):
+    """Packed K and V with only the rows each sequence's queries see (causal, top-left: its first
+    Nq keys, dispatch.seen_keys), and their lengths: as the Hopper path and sageattn do, so that
+    the Triton kernel neither quantizes nor smooths K with keys no query sees (which gave a
+    sequence other bits than its own sageattn call: tests/test_fuzz.py). The rows kept are copied
+    once; nothing is copied when every key is seen."""
+    seen = dispatch.seen_keys(lens_q, lens_k, is_causal)
+    if seen == list(lens_k):
+        return k, v, lens_k
+    from itertools import accumulate
+
+    from ._staging import to_device
+
+    starts = accumulate(lens_k, initial=0)
+    idx = to_device(torch.cat([torch.arange(a, a + n) for a, n in zip(starts, seen)]), k.device)
+    return k.index_select(0, idx), v.index_select(0, idx), seen
+
+
 def _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse):
     backend, options, _ = dispatch.chosen(q.device)
     groups = dispatch.varlen_groups(backend, lens_q, lens_k, is_causal) if dims.len_q > 0 else None
@@ -426,6 +444,8 @@ def _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, r
     lse = torch.empty((dims.heads_q, dims.len_q), dtype=torch.float32, device=q.device) if return_lse else None
     if dims.len_q > 0:
         from . import triton as st
+
+        k, v, lens_k = _seen_rows(k, v, lens_q, lens_k, is_causal)
 
         with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():
             lse = st.forward_varlen(q, k, v, o, lens_q, lens_k, is_causal=is_causal, sm_scale=scale,

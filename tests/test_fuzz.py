@@ -277,7 +277,8 @@ def test_random_call(name, case):
     before = [t.clone() for t in bases]
     out = FUNCS[name](q, k, v, tensor_layout=case.layout, is_causal=case.causal, sm_scale=case.scale,
                       return_lse=case.lse, **opts)
-    torch.cuda.synchronize()  # a fault is this call's, not the next test's
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()  # a fault is this call's, not the next test's
     o, lse = out if case.lse else (out, None)
     what = f"{name} {case} {opts}"
     assert o.shape == q.shape and o.dtype == case.dtype, what
@@ -364,11 +365,14 @@ def test_random_varlen_call(case):
     k = (torch.randn(tk, case.hkv, case.d, generator=g) + bias).to(dt).to(DEVICE)
     v = torch.randn(tk, case.hkv, case.d, generator=g).to(dt).to(DEVICE)
     where = "cpu" if case.cpu_offsets else DEVICE
-    o, lse = sa.sageattn_varlen(q, k, v, cu_seqlens(list(case.lens_q), where), cu_seqlens(list(case.lens_k), where),
-                                max(case.lens_q), max(case.lens_k), is_causal=case.causal, sm_scale=case.scale,
-                                smooth_k=case.smooth_k, return_lse=True)
-    torch.cuda.synchronize()
-    assert o.shape == q.shape and lse.shape == (case.hq, tq) and torch.isfinite(o).all(), str(case)
+    out = sa.sageattn_varlen(q, k, v, cu_seqlens(list(case.lens_q), where), cu_seqlens(list(case.lens_k), where),
+                             max(case.lens_q), max(case.lens_k), is_causal=case.causal, sm_scale=case.scale,
+                             smooth_k=case.smooth_k, return_lse=case.lse)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    o, lse = out if case.lse else (out, None)
+    assert o.shape == q.shape and torch.isfinite(o).all(), str(case)
+    assert lse is None or lse.shape == (case.hq, tq), str(case)
     hopper = dispatch.varlen_groups(dispatch.chosen(q.device)[0], list(case.lens_q), list(case.lens_k),
                                     case.causal) is not None
     dense = sa.sageattn_qk_int8_pv_fp8_cuda_sm90 if hopper else sa.sageattn_qk_int8_pv_fp16_triton
@@ -380,10 +384,10 @@ def test_random_varlen_call(case):
             eo, el = attention_exact(*part, tensor_layout="NHD", is_causal=case.causal, sm_scale=case.scale,
                                      return_lse=True)
             assert_close_to_fp32(o[sq:sq + nq][None], eo, what, **(fp8_bars(case.d) if hopper else {}))
-            assert (lse[:, sq:sq + nq] - el[0]).abs().max() < LSE_VS_FP32, what
+            assert lse is None or (lse[:, sq:sq + nq] - el[0]).abs().max() < LSE_VS_FP32, what
             od = dense(*part, tensor_layout="NHD", is_causal=case.causal, sm_scale=case.scale, smooth_k=case.smooth_k)
             assert_close_to_reference(o[sq:sq + nq], od[0], dt, f"{what} vs dense", fp8=hopper)
         elif nq:
-            assert (o[sq:sq + nq] == 0).all() and torch.isneginf(lse[:, sq:sq + nq]).all(), what
+            assert (o[sq:sq + nq] == 0).all() and (lse is None or torch.isneginf(lse[:, sq:sq + nq]).all()), what
         sq += nq
         sk += nk

@@ -100,6 +100,30 @@ def test_causal_drops_keys_no_query_sees(device, layout, fn):
     assert (lse - el).abs().max() < LSE_VS_FP32
 
 
+@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "nosmooth"])
+def test_varlen_causal_ignores_keys_no_query_sees(device, smooth_k):
+    """Causal (top-left) packed sequences with more keys than queries: a query sees only its
+    sequence's first Nq keys, and the others must not touch the result (not the K mean, not an
+    INT8 block's scale): the same bits as the packed call given only those keys. Before, the
+    Triton path quantized every key (found by tests/test_fuzz.py: 43 queries over 2549 keys)."""
+    lens_q, lens_k = [43, 5, 0, 130, 64], [300, 5, 17, 200, 64]
+    seen = [min(a, b) for a, b in zip(lens_q, lens_k)]
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(sum(lens_q), 4, 64, generator=g).to(torch.bfloat16).to(device)
+    k = (torch.randn(sum(lens_k), 2, 64, generator=g) + 2.0).to(torch.bfloat16).to(device)
+    v = torch.randn(sum(lens_k), 2, 64, generator=g).to(torch.bfloat16).to(device)
+    keep = torch.cat([torch.arange(a, a + n) for a, n in zip(cu_seqlens(lens_k).tolist(), seen)]).to(device)
+    ks, vs = k[keep], v[keep]
+
+    def call(kk, vv, lens):
+        return sa.sageattn_varlen(q, kk, vv, cu_seqlens(lens_q, device), cu_seqlens(lens, device), max(lens_q),
+                                  max(lens), is_causal=True, smooth_k=smooth_k, return_lse=True)
+
+    o, lse = call(k, v, lens_k)
+    os_, lses = call(ks, vs, seen)
+    assert torch.equal(o, os_) and torch.equal(lse, lses)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])

@@ -349,7 +349,8 @@ def sageattn_varlen(
     ``q [total_q, Hq, D]``, ``k, v [total_k, Hkv, D]``; sequence b is rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q (likewise for k, v), and gets what ``sageattn``'s
     kernel gives it alone: K is smoothed with its own mean per sequence; ``is_causal`` masks
-    key j for query i of a sequence when j > i (top-left). A sequence with queries but no keys
+    key j for query i of a sequence when j > i (top-left; keys past a sequence's Nq, which no
+    query sees, are left out of its K mean and quantization). A sequence with queries but no keys
     gets zeros (LSE -inf). ``return_lse=True`` also returns ``lse [Hq, total_q]``.
     The offsets are checked on the host: offsets on the GPU are read back on every call (a
     sync: the host waits until the GPU has caught up); int32/int64 offsets on the CPU are read as

@@ -43,6 +43,29 @@ def _common(fn, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs,
     return dims, scale, kw
 
 
+#: CUDA caps a grid's y and z sizes at 65535, and the kernels put query heads and batch entries
+#: (packed calls: sequences) there: larger batches run in slices of this many entries, each
+#: entry's attention being its own (the same bits as one call); more query heads are refused
+MAX_GRID_YZ = 65535
+
+
+def _by_batch(run, q, k, v, dims, return_lse):
+    """``run(q, k, v, dims)`` on consecutive slices of at most :data:`MAX_GRID_YZ` batch entries
+    (dim 0 in both layouts), the outputs (and LSEs) concatenated."""
+    step = MAX_GRID_YZ
+    parts = [run(q[b:b + step], k[b:b + step], v[b:b + step], dims._replace(batch=min(step, dims.batch - b)))
+             for b in range(0, dims.batch, step)]
+    if return_lse:
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return torch.cat(parts)
+
+
+def _check_grid_heads(fn, heads_q):
+    if heads_q > MAX_GRID_YZ:
+        raise ValueError(f"{fn}: q has {heads_q} heads; the kernels take at most {MAX_GRID_YZ} (CUDA's limit on a "
+                         "grid dimension they put heads in): split the heads over calls")
+
+
 def _empty_result(q, dims, return_lse):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     if not return_lse:
@@ -54,9 +77,13 @@ def _hnd(t: torch.Tensor, tensor_layout: str) -> torch.Tensor:
     return t if tensor_layout == "HND" else t.transpose(1, 2)
 
 
-def _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse):
+def _run_triton(fn, q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse):
     if dims.batch == 0 or dims.len_q == 0:
         return _empty_result(q, dims, return_lse)
+    _check_grid_heads(fn, dims.heads_q)
+    if dims.batch > MAX_GRID_YZ:
+        return _by_batch(lambda qc, kc, vc, dc: _run_triton(fn, qc, kc, vc, tensor_layout, dc, is_causal, scale,
+                                                            smooth_k, return_lse), q, k, v, dims, return_lse)
     o, lse = _triton_attn(q, k, v, tensor_layout == "NHD", is_causal, float(scale), smooth_k, return_lse)
     return (o, lse) if return_lse else o
 
@@ -175,7 +202,7 @@ def sageattn(
         if res is not None:
             return res
     if backend == "triton":
-        return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
+        return _run_triton(fn, q, k, v, tensor_layout, dims, is_causal, scale, True, return_lse)
     # the chosen kernel function's pipeline with that function's defaults and dispatch's options,
     # without validating again what _common just did (the options are dispatch's constants, which
     # tests/test_dispatch.py holds to each function's choices)
@@ -213,7 +240,7 @@ def sageattn_qk_int8_pv_fp16_triton(
     k, v, dims = _visible_keys(k, v, tensor_layout, dims, is_causal)
     if quantization_backend == "cuda":
         require(fn + "(quantization_backend='cuda')", "sageattention._fused")
-    return _run_triton(q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse)
+    return _run_triton(fn, q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, return_lse)
 
 
 def _cuda_entry(fn, module, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
@@ -259,6 +286,11 @@ def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_qua
         )
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, return_lse)
+    _check_grid_heads(fn, dims.heads_q)
+    if dims.batch > MAX_GRID_YZ:
+        return _by_batch(lambda qc, kc, vc, dc: _cuda_run(fn, module, qc, kc, vc, tensor_layout, dc, is_causal, scale,
+                                                          qk_quant_gran, pv_accum_dtype, smooth_k, smooth_v,
+                                                          return_lse, v_fp8_terms), q, k, v, dims, return_lse)
     from . import _cuda
 
     return _cuda.forward(fn, module, q, k, v, tensor_layout, is_causal, scale, qk_quant_gran,
@@ -414,6 +446,23 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
     return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty(lse, dtype=torch.float32)
 
 
+def _varlen_slices(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse):
+    """_varlen_run on consecutive slices of at most :data:`MAX_GRID_YZ` sequences (each sequence's
+    attention is its own), the packed outputs and LSEs concatenated."""
+    from itertools import accumulate
+
+    sq, sk = list(accumulate(lens_q, initial=0)), list(accumulate(lens_k, initial=0))
+    outs, lses = [], []
+    for i in range(0, len(lens_q), MAX_GRID_YZ):
+        j = min(i + MAX_GRID_YZ, len(lens_q))
+        part = dims._replace(len_q=sq[j] - sq[i], len_k=sk[j] - sk[i])
+        o, lse = _varlen_run(fn, q[sq[i]:sq[j]], k[sk[i]:sk[j]], v[sk[i]:sk[j]], part, lens_q[i:j], lens_k[i:j],
+                             is_causal, scale, smooth_k, return_lse)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), (torch.cat(lses, dim=1) if return_lse else None)
+
+
 def _seen_rows(k, v, lens_q, lens_k, is_causal):
     """Packed K and V with only the rows each sequence's queries see (causal, top-left: its first
     Nq keys, dispatch.seen_keys), and their lengths: as the Hopper path and sageattn do, so that
@@ -433,6 +482,9 @@ def _seen_rows(k, v, lens_q, lens_k, is_causal):
 
 
 def _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse):
+    _check_grid_heads(fn, dims.heads_q)
+    if len(lens_q) > MAX_GRID_YZ:  # slices of sequences: the kernels put them in a grid dimension
+        return _varlen_slices(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse)
     backend, options, _ = dispatch.chosen(q.device)
     groups = dispatch.varlen_groups(backend, lens_q, lens_k, is_causal) if dims.len_q > 0 else None
     if groups:

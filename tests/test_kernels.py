@@ -100,6 +100,64 @@ def test_causal_drops_keys_no_query_sees(device, layout, fn):
     assert (lse - el).abs().max() < LSE_VS_FP32
 
 
+def _kernel_functions():
+    """The Triton function, and the compiled kernel functions this GPU has (none on the CPU)."""
+    names = sa.available_backends() if torch.cuda.is_available() else []
+    return ["triton"] + [n for n in names if n != "triton"]
+
+
+@pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("name", _kernel_functions())
+def test_batches_beyond_the_grid_limit_run_in_slices(device, monkeypatch, name, layout, lse):
+    """CUDA caps a grid's y and z sizes at 65535, and the kernels put batch entries there: a
+    larger batch runs in slices (core.MAX_GRID_YZ, lowered here to 2) and gives the bits of one
+    call, as every batch entry's attention is its own."""
+    from sageattention import core
+
+    fn = sa.sageattn_qk_int8_pv_fp16_triton if name == "triton" else getattr(sa, dispatch.BACKENDS[name].function)
+    q, k, v = make_qkv(5, 2, 1, 70, 90, 64, torch.float16, layout, device, k_bias=1.0, seed=21)  # heads within the limit
+    whole = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=lse)
+    monkeypatch.setattr(core, "MAX_GRID_YZ", 2)
+    sliced = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=lse)
+    for a, b in zip(whole if lse else [whole], sliced if lse else [sliced]):
+        assert torch.equal(a, b) and a.is_contiguous() and b.is_contiguous()
+
+
+def test_more_query_heads_than_the_grid_limit_are_refused(device, monkeypatch):
+    from sageattention import core
+
+    monkeypatch.setattr(core, "MAX_GRID_YZ", 3)
+    q, k, v = make_qkv(1, 4, 2, 16, 16, 64, torch.float16, "HND", device)
+    with pytest.raises(ValueError, match=r"sageattn_qk_int8_pv_fp16_triton: q has 4 heads; the kernels take at most 3"):
+        sa.sageattn_qk_int8_pv_fp16_triton(q, k, v)
+    lens = [6, 10]
+    with pytest.raises(ValueError, match=r"sageattn_varlen: q has 4 heads"):
+        sa.sageattn_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens(lens, device),
+                           cu_seqlens(lens, device), 10, 10)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_sequences_beyond_the_grid_limit_run_in_slices(device, monkeypatch, causal):
+    """More sequences than a grid dimension holds: slices of sequences (limit lowered to 2), the
+    bits of one call, sequences without queries or keys included."""
+    from sageattention import core
+
+    lens_q, lens_k = [5, 0, 40, 7, 33], [9, 4, 40, 0, 20]
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(lens_q), 2, 64, generator=g).to(torch.bfloat16).to(device)
+    k, v = (torch.randn(sum(lens_k), 1, 64, generator=g).to(torch.bfloat16).to(device) for _ in range(2))
+
+    def call():
+        return sa.sageattn_varlen(q, k, v, cu_seqlens(lens_q, device), cu_seqlens(lens_k, device), max(lens_q),
+                                  max(lens_k), is_causal=causal, return_lse=True)
+
+    o, lse = call()
+    monkeypatch.setattr(core, "MAX_GRID_YZ", 2)
+    os_, lses = call()
+    assert torch.equal(o, os_) and torch.equal(lse, lses)
+
+
 @pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "nosmooth"])
 def test_varlen_causal_ignores_keys_no_query_sees(device, smooth_k):
     """Causal (top-left) packed sequences with more keys than queries: a query sees only its

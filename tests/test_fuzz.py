@@ -2,8 +2,9 @@
 test_gpu.py do not combine (batch > 1 with GQA and Nq != Nk, head dims 1-256, lengths at the
 edges of the kernels' 64-, 128- and 192-row tiles, q/k/v as views of one packed tensor or of a
 wider one, a non-default ``sm_scale``, each function's own options), each checked against fp32
-attention and, tightly, against the reference of the quantized math; a view's base tensor must
-come out unchanged. The cases are drawn from ``SAGEATTN_FUZZ_SEED`` (default 0), so a failure's
+attention and, tightly, against the reference of the quantized math; packed sequences
+(``sageattn_varlen``, also as views) against fp32 and the dense function per sequence; a view's
+base tensor must come out unchanged. The cases are drawn from ``SAGEATTN_FUZZ_SEED`` (default 0), so a failure's
 id reproduces it; another seed explores other calls:
 
     SAGEATTN_FUZZ_SEED=7 SAGEATTN_FUZZ_CASES=400 python -m pytest tests/test_fuzz.py -n 12
@@ -314,13 +315,14 @@ class VarlenCase:
     smooth_k: bool
     scale: Optional[float]
     cpu_offsets: bool
+    view: str = "contiguous"  # or "packed" (one [total, Hq + 2 Hkv, D] tensor), "sliced" (wider rows)
 
     def __str__(self):
         lens = ",".join(f"{a}/{b}" for a, b in zip(self.lens_q, self.lens_k))
         return (f"{self.index}:[{lens}]x{self.hq}/{self.hkv}xd{self.d}-{'bf16' if self.bf16 else 'fp16'}"
                 f"{'-causal' if self.causal else ''}{'-lse' if self.lse else ''}"
                 f"{'' if self.smooth_k else '-nosmooth'}{'-cpu' if self.cpu_offsets else '-gpu'}"
-                f"-scale{'dflt' if self.scale is None else f'{self.scale:.3g}'}")
+                f"-scale{'dflt' if self.scale is None else f'{self.scale:.3g}'}-{self.view}")
 
 
 def make_varlen_case(index: int) -> VarlenCase:
@@ -332,9 +334,32 @@ def make_varlen_case(index: int) -> VarlenCase:
         i = max(range(n), key=lambda j: lens_q[j] * lens_k[j])
         lens_q[i], lens_k[i] = lens_q[i] // 2, lens_k[i] // 2
     hkv, d = rng.randint(1, 2), _head_dim(rng)
-    return VarlenCase(index, tuple(lens_q), tuple(lens_k), hkv * rng.choice((1, 2, 4)), hkv, d,
-                      rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.8, _scale(rng, d),
-                      rng.random() < 0.5)
+    fields = (hkv * rng.choice((1, 2, 4)), hkv, d, rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.5,
+              rng.random() < 0.8, _scale(rng, d), rng.random() < 0.5)
+    view = rng.choice(("contiguous", "packed", "sliced"))  # drawn last: the earlier fields stay as run
+    if view == "packed" and lens_q != lens_k:
+        view = "sliced"
+    return VarlenCase(index, tuple(lens_q), tuple(lens_k), *fields, view)
+
+
+def make_varlen_inputs(case: VarlenCase, device):
+    """Packed q [total_q, Hq, D], k, v [total_k, Hkv, D] as the case's view (K with a one-sigma
+    per-channel bias where smoothing is on, as make_inputs), and the tensors holding them."""
+    g = torch.Generator().manual_seed(case.index + 7919 * SEED)
+    tq, tk, d, hq, hkv = sum(case.lens_q), sum(case.lens_k), case.d, case.hq, case.hkv
+    dt = torch.bfloat16 if case.bf16 else torch.float16
+    bias = torch.randn(d, generator=g) * float(case.smooth_k)
+    if case.view == "packed":  # a fused QKV projection's output: [total, Hq + 2 Hkv, D]
+        base = torch.randn(tq, hq + 2 * hkv, d, generator=g)
+        base[:, hq:hq + hkv] += bias
+        base = base.to(dt).to(device)
+        return base[:, :hq], base[:, hq:hq + hkv], base[:, hq + hkv:], [base]
+    pad = int(torch.randint(1, 8, (1,), generator=g)) if case.view == "sliced" else 0
+    off = int(torch.randint(0, pad + 1, (1,), generator=g)) if pad else 0
+    bases = [torch.randn(n, h, d + pad, generator=g) for n, h in ((tq, hq), (tk, hkv), (tk, hkv))]
+    bases[1][..., off:off + d] += bias
+    bases = [t.to(dt).to(device) for t in bases]
+    return (*[t[..., off:off + d] for t in bases], bases)
 
 
 VARLEN_LIST = [make_varlen_case(i) for i in range(VARLEN_CASES)]
@@ -346,6 +371,13 @@ def test_varlen_cases_cover_empty_and_unequal_sequences():
     assert any(c.causal and c.lens_q != c.lens_k for c in cases)
     assert any(len(c.lens_q) > 3 for c in cases) and any(c.hq > c.hkv for c in cases)
     assert all(sum(a * b for a, b in zip(c.lens_q, c.lens_k)) * c.hq <= MAX_SCORES for c in cases)
+    assert {c.view for c in cases} == {"contiguous", "packed", "sliced"}
+    for c in cases[:8]:  # the views have the packed shapes and live in the tensors returned with them
+        q, k, v, bases = make_varlen_inputs(c, "cpu")
+        assert q.shape == (sum(c.lens_q), c.hq, c.d) and k.shape == v.shape == (sum(c.lens_k), c.hkv, c.d)
+        ptrs = {b.untyped_storage().data_ptr() for b in bases}
+        assert all(t.untyped_storage().data_ptr() in ptrs for t in (q, k, v))
+        assert c.view != "contiguous" or all(t.is_contiguous() for t in (q, k, v))
 
 
 @pytest.mark.gpu
@@ -357,13 +389,10 @@ def test_random_varlen_call(case):
     from sageattention import dispatch
     from sageattention.reference import attention_exact
 
-    g = torch.Generator().manual_seed(case.index + 7919 * SEED)
-    tq, tk = sum(case.lens_q), sum(case.lens_k)
+    tq = sum(case.lens_q)
     dt = torch.bfloat16 if case.bf16 else torch.float16
-    q = torch.randn(tq, case.hq, case.d, generator=g).to(dt).to(DEVICE)
-    bias = torch.randn(case.d, generator=g) * float(case.smooth_k)  # as make_inputs
-    k = (torch.randn(tk, case.hkv, case.d, generator=g) + bias).to(dt).to(DEVICE)
-    v = torch.randn(tk, case.hkv, case.d, generator=g).to(dt).to(DEVICE)
+    q, k, v, bases = make_varlen_inputs(case, DEVICE)
+    before = [t.clone() for t in bases]
     where = "cpu" if case.cpu_offsets else DEVICE
     out = sa.sageattn_varlen(q, k, v, cu_seqlens(list(case.lens_q), where), cu_seqlens(list(case.lens_k), where),
                              max(case.lens_q), max(case.lens_k), is_causal=case.causal, sm_scale=case.scale,
@@ -372,6 +401,7 @@ def test_random_varlen_call(case):
         torch.cuda.synchronize()
     o, lse = out if case.lse else (out, None)
     assert o.shape == q.shape and torch.isfinite(o).all(), str(case)
+    assert all(torch.equal(a, b) for a, b in zip(before, bases)), f"{case}: an input was written"
     assert lse is None or lse.shape == (case.hq, tq), str(case)
     hopper = dispatch.varlen_groups(dispatch.chosen(q.device)[0], list(case.lens_q), list(case.lens_k),
                                     case.causal) is not None

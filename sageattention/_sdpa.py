@@ -66,7 +66,7 @@ def _cudnn_first(call):
 
 def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
     """``t`` (a 16-bit [B, H, N, D] view) as cuDNN's attention can read it: its start and every
-    stride but the last (which is 1) multiples of 16 bytes; else a contiguous copy. torch's
+    stride but the last (which is 1) non-zero multiples of 16 bytes; else a contiguous copy. torch's
     check lets other views through (rows of a wider tensor at an odd offset, say), and cuDNN
     then returns a wrong result without an error, fails, or faults with a misaligned address
     that poisons the CUDA context (found by tests/test_fuzz.py on an H100, torch 2.11). Traced by
@@ -78,8 +78,10 @@ def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return t
     size = t.element_size()
+    # a stride of 0 (K or V expanded over the query heads) is copied too: not observed to fail,
+    # but not a layout torch's check was seen to handle, and such calls are short
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-        (s * size) % 16 == 0 or n == 1 for s, n in zip(t.stride()[:-1], t.shape[:-1]))
+        (s != 0 and (s * size) % 16 == 0) or n == 1 for s, n in zip(t.stride()[:-1], t.shape[:-1]))
     return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 

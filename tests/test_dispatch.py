@@ -903,12 +903,14 @@ def test_hand_over_leaves_the_callers_sdpa_settings_as_they_were(monkeypatch):
     assert _sdpa_state() == before
 
 
-@pytest.mark.parametrize("view", ["contiguous", "nhd-transposed", "packed-heads", "odd-offset", "odd-row-stride"])
+@pytest.mark.parametrize("view", ["contiguous", "nhd-transposed", "packed-heads", "odd-offset", "odd-row-stride",
+                                  "expanded-heads"])
 def test_cudnn_ready_copies_only_what_cudnn_cannot_read(view):
     """SDPA's cuDNN attention needs a 16-byte aligned start and 16-byte multiples for every stride
     but the last; torch's check does not test this (on an H100 such views gave garbage, a cuDNN
     error or a misaligned-address fault: tests/test_fuzz.py). Aligned views go as they are (no
-    copy), others as a contiguous copy of the same values."""
+    copy), others (and, as a precaution, heads expanded with a stride of 0) as a contiguous copy
+    of the same values."""
     from sageattention import _sdpa
 
     g = torch.Generator().manual_seed(9)
@@ -919,6 +921,7 @@ def test_cudnn_ready_copies_only_what_cudnn_cannot_read(view):
         "packed-heads": base[:, :, 4:8, 8:72].transpose(1, 2),  # a fused QKV's K: aligned
         "odd-offset": base[:, :, :4, 1:65].transpose(1, 2),  # start 2 bytes past 16
         "odd-row-stride": torch.randn(2, 4, 48, 67, generator=g).to(torch.bfloat16)[..., :64],  # 134-byte rows
+        "expanded-heads": torch.randn(2, 1, 48, 64, generator=g).to(torch.bfloat16).expand(2, 4, 48, 64),
     }
     t = views[view]
     got = _sdpa.cudnn_ready(t)

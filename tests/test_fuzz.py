@@ -45,6 +45,10 @@ VARLEN_CASES = int(os.environ.get("SAGEATTN_FUZZ_VARLEN_CASES", "40"))
 # B * Hq * Nq * Nk per case: the float64 reference holds a few such score matrices
 MAX_SCORES = 1 << 24
 VIEWS = ("contiguous", "packed", "sliced", "transposed")
+# and, for calls with one K/V head, K and V of that head expanded to every query head (head
+# stride 0: multi-query attention written as MHA), drawn apart (make_case) so that the other
+# draws stay as they were run
+ALL_VIEWS = VIEWS + ("expanded",)
 # fp8 P and V against fp32 (test_gpu.py's bars: twice the reference's worst case over head dims
 # 40-256). Below 8 channels they were not measured; one call fell under them: D=1, 12 queries
 # over 2177 keys, 0.99792 / 0.049 (H100, bench/results/2026-11-27-NVIDIA_H100_80GB_HBM3-f091bf2-
@@ -147,8 +151,11 @@ def make_case(index: int) -> Case:
     if view == "packed" and nq != nk:  # one tensor of all heads needs one length
         view = "sliced"
     d = _head_dim(rng)
-    return Case(index, b, hq, hkv, nq, nk, d, rng.random() < 0.5, rng.choice(("HND", "NHD")), view,
+    case = Case(index, b, hq, hkv, nq, nk, d, rng.random() < 0.5, rng.choice(("HND", "NHD")), view,
                 rng.random() < 0.4, rng.random() < 0.4, _scale(rng, d))
+    if hkv == 1 and hq > 1 and rng.random() < 0.5:
+        case = replace(case, view="expanded")
+    return case
 
 
 def function_options(name: str, case: Case) -> dict:
@@ -199,6 +206,10 @@ def make_inputs(case: Case, device, k_bias: bool = True):
     shapes = ((hq, nq), (hkv, nk), (hkv, nk))
     ts = [torch.randn(b, n, h, d, generator=g) for h, n in shapes]
     ts[1] += bias
+    if case.view == "expanded":  # one K/V head seen by every query head through a stride of 0
+        q = as_layout(ts[0]).contiguous().to(case.dtype).to(device)
+        kv = [t.to(case.dtype).to(device) for t in ts[1:]]  # [B, N, 1, D]
+        return (q, *[as_layout(t.expand(b, nk, hq, d)) for t in kv], [q, *kv])
     if case.view == "transposed":  # contiguous in the other layout, a transposed view in this one
         if nhd:
             ts = [t.transpose(1, 2).contiguous().to(case.dtype).to(device) for t in ts]  # HND storage
@@ -219,7 +230,8 @@ def test_cases_cover_what_the_grids_do_not_combine():
     > 1 with GQA and Nq != Nk, head dims that are not multiples of 8, lengths at tile edges and
     custom scales; each case stays under the score budget and is drawn the same way twice."""
     cases = [make_case(i) for i in range(max(CASES, 80))]
-    assert {c.view for c in cases} == set(VIEWS)
+    assert {c.view for c in cases} == set(ALL_VIEWS)
+    assert all(c.hkv == 1 for c in cases if c.view == "expanded")
     assert {c.layout for c in cases} == {"HND", "NHD"} and {c.bf16 for c in cases} == {True, False}
     assert any(c.causal for c in cases) and any(c.lse for c in cases)
     assert any(c.b > 1 and c.hq > c.hkv and c.nq != c.nk for c in cases)
@@ -230,19 +242,24 @@ def test_cases_cover_what_the_grids_do_not_combine():
     assert [make_case(i) for i in range(10)] == cases[:10]
 
 
-@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("view", ALL_VIEWS)
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_views_are_what_they_claim(view, layout):
     """Each view kind gives q, k, v of the right shapes in the layout, sharing storage with the
-    returned bases, and, but for contiguous, not contiguous."""
-    case = replace(make_case(0), b=2, hq=4, hkv=2, nq=70, nk=70, d=24, layout=layout, view=view)
+    returned bases, and, but for contiguous, not contiguous (expanded: K and V, with a head
+    stride of 0, as many heads as q)."""
+    expanded = view == "expanded"
+    case = replace(make_case(0), b=2, hq=4, hkv=1 if expanded else 2, nq=70, nk=70, d=24, layout=layout, view=view)
     q, k, v, bases = make_inputs(case, "cpu")
     h = (1, 2) if layout == "HND" else (2, 1)
-    for t, heads in ((q, 4), (k, 2), (v, 2)):
+    kv_heads = 4 if expanded else 2
+    for t, heads in ((q, 4), (k, kv_heads), (v, kv_heads)):
         assert t.shape[h[0]] == heads and t.shape[h[1]] == 70 and t.shape[0] == 2 and t.shape[3] == 24
         assert t.dtype == case.dtype
         assert any(t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr() for base in bases)
-        assert t.is_contiguous() == (view == "contiguous")
+        assert t.is_contiguous() == (view == "contiguous" or (expanded and t is q))
+    if expanded:
+        assert k.stride(h[0]) == 0 and v.stride(h[0]) == 0
 
 
 # ---- the calls, on the GPU ----
@@ -272,7 +289,7 @@ def _run_and_reference(name, case, q, k, v, opts):
     n_k = hnd(kr, case.layout).shape[2]
     if name == "sageattn":
         choice = dispatch.choose(q.device)
-        dims = Dims(case.b, case.hq, case.hkv, case.nq, n_k, case.d)
+        dims = Dims(case.b, case.hq, hnd(k, case.layout).shape[1], case.nq, n_k, case.d)  # expanded: Hq K/V heads
         if dispatch.goes_to_sdpa(choice.hand_over, dims, case.causal, case.lse):
             return "sdpa", None
         name, opts = choice.backend, dict(cuda_defaults(choice.backend), **choice.options) \

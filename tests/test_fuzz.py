@@ -1,7 +1,8 @@
 """Seeded random calls: every public function on shapes, views and options that the grids of
 test_gpu.py do not combine (batch > 1 with GQA and Nq != Nk, head dims 1-256, lengths at the
 edges of the kernels' 64-, 128- and 192-row tiles, q/k/v as views of one packed tensor or of a
-wider one, a non-default ``sm_scale``, each function's own options), each checked against fp32
+wider one, one K/V head expanded over the query heads, a non-default ``sm_scale``, each
+function's own options), each checked against fp32
 attention and, tightly, against the reference of the quantized math; packed sequences
 (``sageattn_varlen``, also as views) against fp32 and the dense function per sequence; a view's
 base tensor must come out unchanged. The cases are drawn from ``SAGEATTN_FUZZ_SEED`` (default 0), so a failure's

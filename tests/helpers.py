@@ -31,6 +31,20 @@ def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0
     return out
 
 
+def public_functions():
+    """name -> function for every public attention function this machine can run: ``sageattn``,
+    the Triton one, and the compiled kernel functions built for this GPU (none without one)."""
+    import sageattention as sa
+    from sageattention import dispatch
+
+    funcs = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
+    if torch.cuda.is_available():
+        for name in sa.available_backends():
+            if name != "triton":
+                funcs[name] = getattr(sa, dispatch.BACKENDS[name].function)
+    return funcs
+
+
 HOSTILE = ["k_bias", "zero_blocks", "all_zero", "constant_v_channel", "huge_v", "huge_q", "sink"]
 
 

@@ -36,6 +36,7 @@ from helpers import (
     cu_seqlens,
     cuda_defaults,
     hnd,
+    public_functions,
     sdpa_fp32,
     visible_kv,
 )
@@ -265,19 +266,7 @@ def test_views_are_what_they_claim(view, layout):
 
 # ---- the calls, on the GPU ----
 
-def _functions():
-    import sageattention as sa
-    from sageattention import dispatch
-
-    funcs = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
-    if torch.cuda.is_available():
-        for name in sa.available_backends():
-            if name != "triton":
-                funcs[name] = getattr(sa, dispatch.BACKENDS[name].function)
-    return funcs
-
-
-FUNCS = _functions()
+FUNCS = public_functions()
 
 
 def _run_and_reference(name, case, q, k, v, opts):

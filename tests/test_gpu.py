@@ -23,6 +23,7 @@ from helpers import (
     hnd,
     hostile_qkv,
     make_qkv,
+    public_functions,
     sdpa_fp32,
     visible_kv,
 )
@@ -37,16 +38,7 @@ HEAD_DIMS = [40, 64, 80, 96, 128, 160, 256]
 LENGTHS = [1, 77, 1000, 4097]
 
 
-def _functions():
-    funcs = {"sageattn": sa.sageattn, "triton": sa.sageattn_qk_int8_pv_fp16_triton}
-    if torch.cuda.is_available():
-        for name in sa.available_backends():
-            if name != "triton":
-                funcs[name] = getattr(sa, dispatch.BACKENDS[name].function)
-    return funcs
-
-
-FUNCS = _functions()
+FUNCS = public_functions()
 
 
 # fp8 PV against fp32 SDPA: the reference of that pipeline reaches cos 0.99928, rel-L1 0.038

@@ -22,6 +22,7 @@ from helpers import (
     hnd,
     hostile_qkv,
     make_qkv,
+    public_functions,
     visible_kv,
 )
 from sageattention import triton as st
@@ -100,22 +101,16 @@ def test_causal_drops_keys_no_query_sees(device, layout, fn):
     assert (lse - el).abs().max() < LSE_VS_FP32
 
 
-def _kernel_functions():
-    """The Triton function, and the compiled kernel functions this GPU has (none on the CPU)."""
-    names = sa.available_backends() if torch.cuda.is_available() else []
-    return ["triton"] + [n for n in names if n != "triton"]
-
-
 @pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("name", _kernel_functions())
+@pytest.mark.parametrize("name", [n for n in public_functions() if n != "sageattn"])
 def test_batches_beyond_the_grid_limit_run_in_slices(device, monkeypatch, name, layout, lse):
     """CUDA caps a grid's y and z sizes at 65535, and the kernels put batch entries there: a
     larger batch runs in slices (core.MAX_GRID_YZ, lowered here to 2) and gives the bits of one
     call, as every batch entry's attention is its own."""
     from sageattention import core
 
-    fn = sa.sageattn_qk_int8_pv_fp16_triton if name == "triton" else getattr(sa, dispatch.BACKENDS[name].function)
+    fn = public_functions()[name]
     # two query heads: within the lowered limit
     q, k, v = make_qkv(5, 2, 1, 70, 90, 64, torch.float16, layout, device, k_bias=1.0, seed=21)
     whole = fn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=lse)

@@ -2,11 +2,11 @@
 test_gpu.py do not combine (batch > 1 with GQA and Nq != Nk, head dims 1-256, lengths at the
 edges of the kernels' 64-, 128- and 192-row tiles, q/k/v as views of one packed tensor or of a
 wider one, one K/V head expanded over the query heads, a non-default ``sm_scale``, each
-function's own options), each checked against fp32
-attention and, tightly, against the reference of the quantized math; packed sequences
-(``sageattn_varlen``, also as views) against fp32 and the dense function per sequence; a view's
-base tensor must come out unchanged. The cases are drawn from ``SAGEATTN_FUZZ_SEED`` (default 0), so a failure's
-id reproduces it; another seed explores other calls:
+function's own options), each checked against fp32 attention and, tightly, against the
+reference of the quantized math; packed sequences (``sageattn_varlen``, also as views) against
+fp32 and the dense function per sequence; a view's base tensor must come out unchanged. The
+cases are drawn from ``SAGEATTN_FUZZ_SEED`` (default 0), so a failure's id reproduces it;
+another seed explores other calls:
 
     SAGEATTN_FUZZ_SEED=7 SAGEATTN_FUZZ_CASES=400 python -m pytest tests/test_fuzz.py -n 12
 
@@ -77,6 +77,8 @@ def fp32_bars(d: int, scale: Optional[float], fp8: bool) -> dict:
     base = fp8_bars(d) if fp8 else {"cos": COS_VS_FP32, "l1": L1_VS_FP32}
     r = scale_ratio(d, scale)
     return {"cos": 1.0 - (1.0 - base["cos"]) * r * r, "l1": base["l1"] * r}
+
+
 DEVICE = "cuda"  # where the calls run (a dry run of the checks can point it at the CPU interpreter)
 
 
@@ -102,13 +104,18 @@ class Case:
 
     @property
     def seed(self):
-        return SEED * 1_000_003 + self.index
+        return _case_seed(self.index)
 
     def __str__(self):
         sc = "dflt" if self.scale is None else f"{self.scale:.3g}"
         return (f"{self.index}:{self.b}x{self.hq}/{self.hkv}x{self.nq}x{self.nk}xd{self.d}-"
                 f"{'bf16' if self.bf16 else 'fp16'}-{self.layout}-{self.view}"
                 f"{'-causal' if self.causal else ''}{'-lse' if self.lse else ''}-scale{sc}")
+
+
+def _case_seed(index: int) -> int:
+    """The seed of case ``index``: its draws (make_case) and its tensors (make_inputs)."""
+    return SEED * 1_000_003 + index
 
 
 def _length(rng: random.Random) -> int:
@@ -137,7 +144,7 @@ def _scale(rng: random.Random, d: int) -> Optional[float]:
 
 
 def make_case(index: int) -> Case:
-    rng = random.Random(SEED * 1_000_003 + index)
+    rng = random.Random(_case_seed(index))
     hkv = rng.randint(1, 3)
     hq = hkv * rng.choice((1, 1, 2, 3, 4, 8))
     b = rng.choice((1, 1, 2, 3))
@@ -351,7 +358,7 @@ class VarlenCase:
 
 
 def make_varlen_case(index: int) -> VarlenCase:
-    rng = random.Random((SEED * 1_000_003 + index) ^ 0x5A5A)
+    rng = random.Random(_case_seed(index) ^ 0x5A5A)
     n = rng.randint(1, 6)
     lens_k = [0 if rng.random() < 0.1 else _length(rng) for _ in range(n)]
     lens_q = [k if rng.random() < 0.5 else (0 if rng.random() < 0.1 else _length(rng)) for k in lens_k]

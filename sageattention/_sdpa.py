@@ -4,16 +4,17 @@ torch's public way to pick SDPA's backends, ``sdpa_kernel(backends, set_priority
 sets and restores each backend's flag and the priority order through Python loops over enum
 objects: 15-65 µs more host time a call than this module's way on the H100 machine
 (bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-fe56b1d-short-calls.md), as long as the
-attention of the short calls the hand-over takes. In eager mode this module sets the same state
-with the ``torch._C`` functions ``sdpa_kernel`` itself calls (precomputed, ~1 µs) and restores
-it exactly afterwards. Under
-torch.compile, or on a torch without those functions, it uses ``sdpa_kernel``, which dynamo
-traces into the graph. Either way the state is torch's process-wide one, as with sdpa_kernel.
+attention of the short calls the hand-over takes. This module sets the same state with the
+``torch._C`` functions ``sdpa_kernel`` itself calls (precomputed, ~1 µs) and restores it exactly
+afterwards; on a torch without those functions it uses ``sdpa_kernel``. Either way the state is
+torch's process-wide one, as with sdpa_kernel. Under torch.compile each hand-over is one custom
+op (``sageattention::sdpa``, ``sageattention::sdpa_lse``) whose body runs eagerly on real tensors.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -45,9 +46,8 @@ _WANT = [int(b) for b in ORDER]
 
 def _cudnn_first(call):
     """``call()`` with ORDER's backends enabled, cuDNN first; the caller's SDPA settings are as
-    before afterwards. (A ``with`` statement of its own in each branch: dynamo traces
-    ``with sdpa_kernel(...)`` but not its ``__enter__`` called from a helper class.)"""
-    if _STATE is None or torch.compiler.is_compiling():
+    before afterwards."""
+    if _STATE is None:
         with sdpa_kernel(ORDER, **_PRIORITY):
             return call()
     get, put, (get_order, put_order) = _STATE
@@ -69,14 +69,9 @@ def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
     stride but the last (which is 1) non-zero multiples of 16 bytes; else a contiguous copy. torch's
     check lets other views through (rows of a wider tensor at an odd offset, say), and cuDNN
     then returns a wrong result without an error, fails, or faults with a misaligned address
-    that poisons the CUDA context (found by tests/test_fuzz.py on an H100, torch 2.11). Traced by
-    torch.compile, a tensor has neither an address nor a storage offset that dynamo can read, so
-    it goes as it is: inductor's lowering of the cuDNN operator realigns strides
-    (``sdpa_constraint``) and clones inputs that arrive misaligned where it compiled them as
-    aligned, but, from reading its code, not a view whose start was already misaligned when it
-    compiled (not checked on a GPU); dynamo's other backends do neither."""
-    if torch.compiler.is_compiling():
-        return t
+    that poisons the CUDA context (found by tests/test_fuzz.py on an H100, torch 2.11). Eager
+    tensors only: under torch.compile the hand-over runs inside a custom op (:func:`sdpa`), where
+    the tensors are real."""
     size = t.element_size()
     # a stride of 0 (K or V expanded over the query heads) is copied too: not observed to fail,
     # but not a layout torch's check was seen to handle, and such calls are short
@@ -85,14 +80,50 @@ def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
-def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool):
+def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool, nhd: bool = False):
     """``F.scaled_dot_product_attention`` on [B, H, N, D] views with ORDER's backends, cuDNN
     first; the caller's SDPA settings are as before afterwards. Views cuDNN cannot read are
-    copied first (:func:`cudnn_ready`)."""
+    copied first (:func:`cudnn_ready`). Returns o as a [B, H, N, D] view, contiguous in NHD
+    order (as [B, N, H, D]) if ``nhd``, else in HND order.
+
+    Under torch.compile the call is one custom op (``sageattention::sdpa``) whose body runs on
+    real tensors: a traced tensor has neither an address nor a storage offset that dynamo can
+    read, so :func:`cudnn_ready` could not see a view whose start is misaligned, and inductor's
+    lowering of SDPA realigns strides but, from reading its code, not such a start."""
+    if torch.compiler.is_compiling():
+        o = _sdpa_op(q, k, v, is_causal, scale, enable_gqa, nhd)
+    else:
+        o = _in_layout(_sdpa_now(q, k, v, is_causal, scale, enable_gqa), nhd)
+    return o.transpose(1, 2) if nhd else o
+
+
+def _sdpa_now(q, k, v, is_causal, scale, enable_gqa):
     q, k, v = (cudnn_ready(t) for t in (q, k, v))
     kw = {"enable_gqa": True} if enable_gqa else {}
     return _cudnn_first(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
                                                                                  scale=scale, **kw))
+
+
+def _in_layout(o: torch.Tensor, nhd: bool) -> torch.Tensor:
+    """A [B, H, N, D] result as a contiguous tensor of the caller's layout ([B, N, H, D] if nhd)."""
+    return (o.transpose(1, 2) if nhd else o).contiguous()
+
+
+def _layout_shape(q: torch.Tensor, v: torch.Tensor, nhd: bool):
+    b, h, n = q.shape[:3]
+    return (b, n, h, v.shape[-1]) if nhd else (b, h, n, v.shape[-1])
+
+
+@torch.library.custom_op("sageattention::sdpa", mutates_args=())
+def _sdpa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float, enable_gqa: bool,
+             nhd: bool) -> torch.Tensor:
+    """:func:`sdpa`'s body as a custom op (torch.compile); o contiguous in the caller's layout."""
+    return _in_layout(_sdpa_now(q, k, v, is_causal, scale, enable_gqa), nhd)
+
+
+@_sdpa_op.register_fake
+def _(q, k, v, is_causal, scale, enable_gqa, nhd):
+    return q.new_empty(_layout_shape(q, v, nhd))
 
 
 def _cudnn_can_run(q, k, v, is_causal: bool) -> bool:
@@ -103,22 +134,45 @@ def _cudnn_can_run(q, k, v, is_causal: bool) -> bool:
     return bool(_cudnn_first(lambda: torch.backends.cuda.can_use_cudnn_attention(params, False)))
 
 
-def sdpa_lse(q, k, v, is_causal: bool, scale: float):
-    """Attention and its LSE from torch's cuDNN attention on [B, H, N, D] views: ``(o, lse)``
-    with ``lse [B, Hq, Nq]`` fp32, the natural log of each row's softmax sum (sageattn's
-    return_lse). SDPA's public function returns no LSE; this calls the aten operator that SDPA's
-    cuDNN backend runs, with ``compute_log_sumexp``. The shapes sageattn sends here
-    (dispatch.lse_to_sdpa: head dims multiples of 8 up to 128, or 256 with cuDNN 9.10 or newer,
-    two keys or more) are ones cuDNN runs on the GPUs it hands over on (tests/test_gpu.py checks
-    them against torch's check); in eager mode that check comes first, and where it says no this
-    returns None (sageattn then runs its kernel). Under torch.compile the check cannot be traced
-    and is skipped. GQA: K and V go with their own head count, which the operator takes as SDPA's
-    cuDNN backend gives it them (repeating them for the query heads first took 1.1-1.9x the time
-    on the H100: bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md). Views cuDNN
-    cannot read are copied first (:func:`cudnn_ready`)."""
-    q, k, v = (cudnn_ready(t) for t in (q, k, v))
-    if not torch.compiler.is_compiling() and not _cudnn_can_run(q, k, v, is_causal):
-        return None
+def sdpa_lse(q, k, v, is_causal: bool, scale: float, nhd: bool = False):
+    """Attention and its LSE from torch's cuDNN attention on [B, H, N, D] views: ``(o, lse)`` with
+    ``lse [B, Hq, Nq]`` fp32, the natural log of each row's softmax sum (sageattn's return_lse).
+    SDPA's public function returns no LSE; this calls the aten operator that SDPA's cuDNN backend
+    runs, with ``compute_log_sumexp``. The shapes sageattn sends here (dispatch.lse_to_sdpa: head
+    dims multiples of 8 up to 128, or 256 with cuDNN 9.10 or newer, two keys or more) are ones cuDNN
+    runs on the GPUs it hands over on (tests/test_gpu.py checks them against torch's check); in
+    eager mode that check comes first, and where it says no this returns None (sageattn then runs
+    its kernel). Under torch.compile the check is skipped. GQA: K and V go with their own head
+    count, which the operator takes as SDPA's cuDNN backend gives it them (repeating them for the
+    query heads first took 1.1-1.9x the time on the H100:
+    bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-3351e2c-gqa-lse.md). Views cuDNN cannot read are
+    copied first (:func:`cudnn_ready`); o as in :func:`sdpa`. Under torch.compile the call is one
+    custom op (``sageattention::sdpa_lse``), as in :func:`sdpa`."""
+    if torch.compiler.is_compiling():
+        o, lse = _sdpa_lse_op(q, k, v, is_causal, scale, nhd)
+    else:
+        q, k, v = (cudnn_ready(t) for t in (q, k, v))
+        if not _cudnn_can_run(q, k, v, is_causal):
+            return None
+        o, lse = _cudnn_lse(q, k, v, is_causal, scale)
+        o = _in_layout(o, nhd)
+    return (o.transpose(1, 2) if nhd else o), lse
+
+
+def _cudnn_lse(q, k, v, is_causal, scale):
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)
-    o, lse = out[0], out[1]
-    return o, lse.reshape(q.shape[0], q.shape[1], q.shape[2])
+    return out[0], out[1].reshape(q.shape[0], q.shape[1], q.shape[2]).contiguous()
+
+
+@torch.library.custom_op("sageattention::sdpa_lse", mutates_args=())
+def _sdpa_lse_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+                 nhd: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sdpa_lse`'s body as a custom op (torch.compile), without torch's check (an op
+    cannot decline): o contiguous in the caller's layout, the LSE [B, Hq, Nq]."""
+    o, lse = _cudnn_lse(*(cudnn_ready(t) for t in (q, k, v)), is_causal, scale)
+    return _in_layout(o, nhd), lse
+
+
+@_sdpa_lse_op.register_fake
+def _(q, k, v, is_causal, scale, nhd):
+    return q.new_empty(_layout_shape(q, v, nhd)), q.new_empty(q.shape[:3], dtype=torch.float32)

@@ -121,13 +121,13 @@ def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale, return_lse):
     if dims.batch == 0 or dims.len_q == 0 or dims.heads_q == 0:
         return _empty_result(q, dims, return_lse)
     qh, kh, vh = (_hnd(t, tensor_layout) for t in (q, k, v))
+    nhd = tensor_layout == "NHD"
     if not return_lse:
-        o = _sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q)
-        return _hnd(o, tensor_layout).contiguous()
-    res = _sdpa.sdpa_lse(qh, kh, vh, is_causal, scale)
+        return _hnd(_sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q, nhd), tensor_layout)
+    res = _sdpa.sdpa_lse(qh, kh, vh, is_causal, scale, nhd)
     if res is None:
         return None
-    return _hnd(res[0], tensor_layout).contiguous(), res[1].contiguous()
+    return _hnd(res[0], tensor_layout), res[1]
 
 
 def _visible_keys(k, v, tensor_layout, dims, is_causal):

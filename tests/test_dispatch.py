@@ -983,6 +983,56 @@ def test_hand_over_traces_whole(monkeypatch):
     assert torch.equal(torch.compile(sa.sageattn, fullgraph=True, backend="eager")(q, k, v, is_causal=True), eager)
 
 
+@pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_hand_over_copies_misaligned_views(monkeypatch, backend, layout, lse):
+    """Under torch.compile a traced tensor has no address that dynamo can read, so the hand-over
+    is one custom op (sageattention::sdpa, ::sdpa_lse) whose body sees the real tensors: q, k, v
+    that start 6 bytes past 16 reach SDPA (or cuDNN's operator, faked here) as aligned copies, the
+    graph holds the op and no graph break, and the result is the bits of the same call, eager, on
+    contiguous inputs, in q's layout."""
+    from sageattention import _sdpa
+
+    q, k, v = (t.transpose(1, 2).contiguous() if layout == "NHD" else t for t in _short_route(monkeypatch))
+    wide = [torch.cat([torch.zeros(*t.shape[:-1], 3, dtype=t.dtype), t], dim=-1)[..., 3:] for t in (q, k, v)]
+    assert all(w.data_ptr() % 16 for w in wide) and all(torch.equal(w, t) for w, t in zip(wide, (q, k, v)))
+    seen = []
+    if lse:
+        fake = _fake_cudnn_attention([])
+
+        def cudnn(a, b, c, *rest, **kw):
+            seen.append([t.data_ptr() % 16 == 0 for t in (a, b, c)])
+            return fake(a, b, c, *rest, **kw)
+        monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", cudnn)
+        monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: True)
+    else:
+        real = torch.nn.functional.scaled_dot_product_attention
+
+        def spy(a, b, c, **kw):
+            seen.append([t.data_ptr() % 16 == 0 for t in (a, b, c)])
+            return real(a, b, c, **kw)
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    kw = dict(tensor_layout=layout, is_causal=True, return_lse=lse)
+    want = sa.sageattn(q, k, v, **kw)
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.backends.registry.lookup_backend(backend)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    seen.clear()
+    got = torch.compile(sa.sageattn, fullgraph=True, backend=recording)(*wide, **kw)
+    op = "sageattention.sdpa_lse" if lse else "sageattention.sdpa"
+    assert f"{op}.default" in targets, targets
+    assert seen and all(all(s) for s in seen)
+    for g, w in zip(got if lse else (got,), want if lse else (want,)):
+        assert torch.equal(g, w)
+    o = got[0] if lse else got
+    assert o.shape == q.shape and o.is_contiguous()
+
+
 def _fake_cudnn_attention(calls):
     """Stands in for torch's cuDNN attention operator on CPU tensors (_sdpa.sdpa_lse calls it):
     exact attention (K and V with fewer heads than q serve their group of query heads, as

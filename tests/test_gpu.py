@@ -500,6 +500,33 @@ def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
                          **_fp32_bars("sageattn", q, k, layout, causal))
 
 
+@pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_compiled_hand_over_of_misaligned_views(backend, layout, lse):
+    """A short call compiled with torch.compile whose q, k, v are rows of a wider tensor at an
+    offset (start 6 bytes past 16, as a fused QKV's slices can be) reaches cuDNN as aligned copies
+    through the hand-over's custom op: eager's bits for the same views, and fp32 attention's
+    values (cuDNN reads such views wrong without an error: tests/test_fuzz.py)."""
+    if not _h100_class():
+        pytest.skip(f"sageattn hands no call over on {torch.cuda.get_device_name()}")
+    q, k, v = make_qkv(2, 4, 2, 300, 300, 64, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=8)
+    wide = [torch.cat([t.new_zeros(*t.shape[:-1], 3), t], dim=-1)[..., 3:] for t in (q, k, v)]
+    assert all(w.data_ptr() % 16 for w in wide)
+    kw = dict(tensor_layout=layout, is_causal=True, return_lse=lse)
+    want = sa.sageattn(*wide, **kw)
+    torch._dynamo.reset()
+    got = torch.compile(sa.sageattn, fullgraph=True, backend=backend)(*wide, **kw)
+    for g, w in zip(got if lse else (got,), want if lse else (want,)):
+        assert torch.equal(g, w)
+    o = got[0] if lse else got
+    assert o.shape == q.shape and o.is_contiguous()
+    assert_close_to_fp32(hnd(o, layout), hnd(sdpa_fp32(q, k, v, layout, True), layout))
+    if lse:
+        _, exact_lse = attention_exact(q, k, v, layout, True, None, True)
+        assert (got[1] - exact_lse).abs().max() < 2e-3
+
+
 LSE_DIMS = [(1, 2, 2, 1, 2), (2, 4, 2, 77, 77), (1, 4, 1, 300, 1000), (2, 2, 2, 1000, 7), (2, 4, 2, 1000, 300),
             (1, 8, 8, 1500, 1500)]
 

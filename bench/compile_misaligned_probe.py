@@ -42,7 +42,7 @@ def main():
     want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
     print(f"q start % 16 = {q.data_ptr() % 16}; B=2 H=4 N=300 D=64 bf16 causal; max |o - fp32|:")
-    print("| call | eager | " + " | ".join(b for b in ("eager", "aot_eager", "inductor")) + " |")
+    print("| call | not compiled | compiled: eager | aot_eager | inductor |")
     print("|---|---|---|---|---|")
     cases = (("SDPA cuDNN first, views as inputs", cudnn_first, (q, k, v)),
              ("SDPA cuDNN first, views made in the graph", sliced, (x,)),

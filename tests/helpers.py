@@ -172,6 +172,44 @@ def cuda_defaults(backend):
     return {name: sig.parameters[name].default for name in ("qk_quant_gran", "pv_accum_dtype")}
 
 
+def runs(fn, q, k, layout="HND", causal=False, lse=False, opts=None):
+    """(backend, options) that public function ``fn`` runs for this call, with the kernel
+    function's defaults: for ``sageattn`` dispatch's choice ("sdpa" where it hands the call over;
+    causal calls count only the keys a query sees), for a kernel function ``opts`` over its own
+    defaults. K with one head expanded over the query heads counts as Hq K/V heads, as the
+    stride-0 view sageattn receives."""
+    from sageattention import dispatch
+    from sageattention._checks import Dims
+
+    if fn == "sageattn":
+        choice = dispatch.choose(q.device)
+        h, n = (1, 2) if layout == "HND" else (2, 1)
+        n_k = min(k.shape[n], q.shape[n]) if causal else k.shape[n]
+        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], n_k, q.shape[3])
+        if dispatch.goes_to_sdpa(choice.hand_over, dims, causal, lse):
+            return "sdpa", {}
+        fn, opts = choice.backend, dict(choice.options)
+    return fn, dict(cuda_defaults(fn) if fn in CUDA_BACKENDS else {}, **(opts or {}))
+
+
+def reference_config(backend, opts, q, n_k):
+    """The reference QuantConfig (sageattention.reference) of what ``backend`` computes with
+    ``opts`` (as :func:`runs` gives them) for queries ``q`` against ``n_k`` visible keys; None
+    for "sdpa" (no quantized pipeline to compare with)."""
+    from sageattention import _cuda, dispatch
+    from sageattention import triton as st
+
+    d, dtype = q.shape[-1], q.dtype
+    smooth_k = opts.get("smooth_k", True)
+    if backend == "triton":
+        return st.config_for(d, dtype, q.device, n_k).reference(dtype, smooth_k)
+    if backend in CUDA_BACKENDS:
+        return _cuda.reference_config(dispatch.BACKENDS[backend].extension, opts["qk_quant_gran"],
+                                      opts["pv_accum_dtype"], dtype, smooth_k, opts.get("smooth_v", False),
+                                      opts.get("v_fp8_terms", 1))
+    return None
+
+
 def cu_seqlens(lens, device="cpu"):
     """int32 offsets [0, l0, l0 + l1, ...] of packed sequences with these lengths."""
     import itertools

@@ -26,7 +26,6 @@ import torch
 
 from helpers import (
     COS_VS_FP32,
-    CUDA_BACKENDS,
     FP8_BACKENDS,
     L1_VS_FP32,
     LSE_VS_FP32,
@@ -34,9 +33,10 @@ from helpers import (
     assert_close_to_reference,
     assert_lse_close_to_reference,
     cu_seqlens,
-    cuda_defaults,
     hnd,
     public_functions,
+    reference_config,
+    runs,
     sdpa_fp32,
     visible_kv,
 )
@@ -276,29 +276,6 @@ def test_views_are_what_they_claim(view, layout):
 FUNCS = public_functions()
 
 
-def _run_and_reference(name, case, q, k, v, opts):
-    """The backend that runs the call and the reference QuantConfig of it (None: SDPA)."""
-    from sageattention import _cuda, dispatch
-    from sageattention import triton as st
-    from sageattention._checks import Dims
-
-    kr, _ = visible_kv(q, k, v, case.layout, case.causal)
-    n_k = hnd(kr, case.layout).shape[2]
-    if name == "sageattn":
-        choice = dispatch.choose(q.device)
-        dims = Dims(case.b, case.hq, hnd(k, case.layout).shape[1], case.nq, n_k, case.d)  # expanded: Hq K/V heads
-        if dispatch.goes_to_sdpa(choice.hand_over, dims, case.causal, case.lse):
-            return "sdpa", None
-        name, opts = choice.backend, dict(cuda_defaults(choice.backend), **choice.options) \
-            if choice.backend in CUDA_BACKENDS else {}
-    if name == "triton":
-        return name, st.config_for(case.d, case.dtype, q.device, n_k).reference(case.dtype, opts.get("smooth_k", True))
-    full = dict(cuda_defaults(name), **opts)
-    return name, _cuda.reference_config(dispatch.BACKENDS[name].extension, full["qk_quant_gran"],
-                                        full["pv_accum_dtype"], case.dtype, full.get("smooth_k", True),
-                                        full.get("smooth_v", False), full.get("v_fp8_terms", 1))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASE_LIST, ids=str)
 @pytest.mark.parametrize("name", list(FUNCS))
@@ -316,7 +293,9 @@ def test_random_call(name, case):
     what = f"{name} {case} {opts}"
     assert o.shape == q.shape and o.dtype == case.dtype, what
     assert all(torch.equal(a, b) for a, b in zip(before, bases)), f"{what}: an input was written"
-    backend, cfg = _run_and_reference(name, case, q, k, v, opts)
+    backend, run_opts = runs(name, q, k, case.layout, case.causal, case.lse, opts)
+    cfg = reference_config(backend, run_opts, q, hnd(visible_kv(q, k, v, case.layout, case.causal)[0],
+                                                        case.layout).shape[2])
     fp8 = backend in FP8_BACKENDS
     exact = sdpa_fp32(q, k, v, case.layout, case.causal, case.scale)
     assert_close_to_fp32(hnd(o, case.layout), hnd(exact, case.layout), what, **fp32_bars(case.d, case.scale, fp8))

@@ -12,9 +12,7 @@ import sageattention as sa
 from helpers import (
     capture,
     cu_seqlens,
-    CUDA_BACKENDS,
     FP8_BACKENDS,
-    cuda_defaults,
     LSE_VS_FP32,
     assert_close_to_fp32,
     assert_close_to_reference,
@@ -24,10 +22,12 @@ from helpers import (
     hostile_qkv,
     make_qkv,
     public_functions,
+    reference_config,
+    runs,
     sdpa_fp32,
     visible_kv,
 )
-from sageattention import _cuda, _staging, dispatch
+from sageattention import _staging, dispatch
 from sageattention._checks import Dims
 from sageattention import triton as st
 from sageattention.reference import attention_exact, attention_quantized, error_metrics
@@ -47,20 +47,8 @@ FP8_VS_FP32 = {"cos": 0.998, "l1": 0.06}
 
 
 def _backend(fn, q, k, layout="HND", causal=False, lse=False):
-    """(backend, options) that ``fn`` runs for the call on ``q``, ``k`` (``sageattn`` hands wide
-    heads and short calls to SDPA on some GPUs: backend "sdpa")."""
-    if fn == "sageattn":
-        choice = dispatch.choose(q.device)
-        h, n = (1, 2) if layout == "HND" else (2, 1)
-        n_k = min(k.shape[n], q.shape[n]) if causal else k.shape[n]  # keys no query sees dropped
-        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], n_k, q.shape[3])
-        if dispatch.goes_to_sdpa(choice.hand_over, dims, causal, lse):
-            return "sdpa", {}
-        backend, options = choice.backend, choice.options
-    else:
-        backend, options = fn, {}
-    defaults = cuda_defaults(backend) if backend in CUDA_BACKENDS else {}
-    return backend, dict(defaults, **options)
+    """(backend, options) that ``fn`` runs for the call on ``q``, ``k`` (helpers.runs)."""
+    return runs(fn, q, k, layout, causal, lse)
 
 
 def _fp32_bars(fn, q, k, layout="HND", causal=False, lse=False):
@@ -70,14 +58,9 @@ def _fp32_bars(fn, q, k, layout="HND", causal=False, lse=False):
 def _reference_config(fn, q, k, layout="HND", causal=False, lse=False):
     """The reference configuration of what ``fn`` computes for this call, for the tight
     comparison (None: no quantized pipeline to compare with)."""
-    backend, opts = _backend(fn, q, k, layout, causal, lse)
-    d, dtype, n_k = q.shape[3], q.dtype, k.shape[2 if layout == "HND" else 1]
-    if backend == "triton":
-        return st.config_for(d, dtype, q.device, n_k).reference(dtype)
-    if backend in CUDA_BACKENDS:
-        return _cuda.reference_config(dispatch.BACKENDS[backend].extension, opts["qk_quant_gran"],
-                                      opts["pv_accum_dtype"], dtype)
-    return None
+    n = 2 if layout == "HND" else 1
+    n_k = min(k.shape[n], q.shape[n]) if causal else k.shape[n]
+    return reference_config(*_backend(fn, q, k, layout, causal, lse), q, n_k)
 
 
 @pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])

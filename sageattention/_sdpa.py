@@ -83,8 +83,8 @@ def cudnn_ready(t: torch.Tensor) -> torch.Tensor:
 def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool, nhd: bool = False):
     """``F.scaled_dot_product_attention`` on [B, H, N, D] views with ORDER's backends, cuDNN
     first; the caller's SDPA settings are as before afterwards. Views cuDNN cannot read are
-    copied first (:func:`cudnn_ready`). Returns o as a [B, H, N, D] view, contiguous in NHD
-    order (as [B, N, H, D]) if ``nhd``, else in HND order.
+    copied first (:func:`cudnn_ready`). Returns o contiguous in the caller's layout: [B, N, H, D]
+    if ``nhd``, else [B, H, N, D].
 
     Under torch.compile the call is one custom op (``sageattention::sdpa``) whose body runs on
     real tensors: a traced tensor has neither an address nor a storage offset that dynamo can
@@ -92,10 +92,8 @@ def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool, nhd: bool = F
     passes such a start on to cuDNN (max error 4.98 on an H100 with inductor, aot_eager and eager:
     bench/results/2026-11-27-NVIDIA_H100_80GB_HBM3-e9588c1-compile-misaligned.md)."""
     if torch.compiler.is_compiling():
-        o = _sdpa_op(q, k, v, is_causal, scale, enable_gqa, nhd)
-    else:
-        o = _in_layout(_sdpa_now(q, k, v, is_causal, scale, enable_gqa), nhd)
-    return o.transpose(1, 2) if nhd else o
+        return _sdpa_op(q, k, v, is_causal, scale, enable_gqa, nhd)
+    return _in_layout(_sdpa_now(q, k, v, is_causal, scale, enable_gqa), nhd)
 
 
 def _sdpa_now(q, k, v, is_causal, scale, enable_gqa):
@@ -150,14 +148,12 @@ def sdpa_lse(q, k, v, is_causal: bool, scale: float, nhd: bool = False):
     copied first (:func:`cudnn_ready`); o as in :func:`sdpa`. Under torch.compile the call is one
     custom op (``sageattention::sdpa_lse``), as in :func:`sdpa`."""
     if torch.compiler.is_compiling():
-        o, lse = _sdpa_lse_op(q, k, v, is_causal, scale, nhd)
-    else:
-        q, k, v = (cudnn_ready(t) for t in (q, k, v))
-        if not _cudnn_can_run(q, k, v, is_causal):
-            return None
-        o, lse = _cudnn_lse(q, k, v, is_causal, scale)
-        o = _in_layout(o, nhd)
-    return (o.transpose(1, 2) if nhd else o), lse
+        return _sdpa_lse_op(q, k, v, is_causal, scale, nhd)
+    q, k, v = (cudnn_ready(t) for t in (q, k, v))
+    if not _cudnn_can_run(q, k, v, is_causal):
+        return None
+    o, lse = _cudnn_lse(q, k, v, is_causal, scale)
+    return _in_layout(o, nhd), lse
 
 
 def _cudnn_lse(q, k, v, is_causal, scale):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from itertools import accumulate
 from typing import Optional, Tuple
 
 import torch
@@ -123,11 +124,8 @@ def _run_sdpa(q, k, v, tensor_layout, dims, is_causal, scale, return_lse):
     qh, kh, vh = (_hnd(t, tensor_layout) for t in (q, k, v))
     nhd = tensor_layout == "NHD"
     if not return_lse:
-        return _hnd(_sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q, nhd), tensor_layout)
-    res = _sdpa.sdpa_lse(qh, kh, vh, is_causal, scale, nhd)
-    if res is None:
-        return None
-    return _hnd(res[0], tensor_layout), res[1]
+        return _sdpa.sdpa(qh, kh, vh, is_causal, scale, dims.heads_kv != dims.heads_q, nhd)
+    return _sdpa.sdpa_lse(qh, kh, vh, is_causal, scale, nhd)
 
 
 def _visible_keys(k, v, tensor_layout, dims, is_causal):
@@ -449,8 +447,6 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
 def _varlen_slices(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, return_lse):
     """_varlen_run on consecutive slices of at most :data:`MAX_GRID_YZ` sequences (each sequence's
     attention is its own), the packed outputs and LSEs concatenated."""
-    from itertools import accumulate
-
     sq, sk = list(accumulate(lens_q, initial=0)), list(accumulate(lens_k, initial=0))
     outs, lses = [], []
     for i in range(0, len(lens_q), MAX_GRID_YZ):
@@ -472,8 +468,6 @@ def _seen_rows(k, v, lens_q, lens_k, is_causal):
     seen = dispatch.seen_keys(lens_q, lens_k, is_causal)
     if seen == list(lens_k):
         return k, v, lens_k
-    from itertools import accumulate
-
     from ._staging import to_device
 
     starts = accumulate(lens_k, initial=0)

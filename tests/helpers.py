@@ -184,25 +184,30 @@ def runs(fn, q, k, layout="HND", causal=False, lse=False, opts=None):
     if fn == "sageattn":
         choice = dispatch.choose(q.device)
         h, n = (1, 2) if layout == "HND" else (2, 1)
-        n_k = min(k.shape[n], q.shape[n]) if causal else k.shape[n]
-        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], n_k, q.shape[3])
+        dims = Dims(q.shape[0], q.shape[h], k.shape[h], q.shape[n], _visible_len(q, k, layout, causal), q.shape[3])
         if dispatch.goes_to_sdpa(choice.hand_over, dims, causal, lse):
             return "sdpa", {}
         fn, opts = choice.backend, dict(choice.options)
     return fn, dict(cuda_defaults(fn) if fn in CUDA_BACKENDS else {}, **(opts or {}))
 
 
-def reference_config(backend, opts, q, n_k):
+def _visible_len(q, k, layout, causal):
+    """How many keys the call's queries see (top-left causal: at most Nq; :func:`visible_kv`)."""
+    n = 2 if layout == "HND" else 1
+    return min(k.shape[n], q.shape[n]) if causal else k.shape[n]
+
+
+def reference_config(backend, opts, q, k, layout="HND", causal=False):
     """The reference QuantConfig (sageattention.reference) of what ``backend`` computes with
-    ``opts`` (as :func:`runs` gives them) for queries ``q`` against ``n_k`` visible keys; None
-    for "sdpa" (no quantized pipeline to compare with)."""
+    ``opts`` (as :func:`runs` gives them) for this call; None for "sdpa" (no quantized pipeline
+    to compare with)."""
     from sageattention import _cuda, dispatch
     from sageattention import triton as st
 
     d, dtype = q.shape[-1], q.dtype
     smooth_k = opts.get("smooth_k", True)
     if backend == "triton":
-        return st.config_for(d, dtype, q.device, n_k).reference(dtype, smooth_k)
+        return st.config_for(d, dtype, q.device, _visible_len(q, k, layout, causal)).reference(dtype, smooth_k)
     if backend in CUDA_BACKENDS:
         return _cuda.reference_config(dispatch.BACKENDS[backend].extension, opts["qk_quant_gran"],
                                       opts["pv_accum_dtype"], dtype, smooth_k, opts.get("smooth_v", False),

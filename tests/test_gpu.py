@@ -46,21 +46,14 @@ FUNCS = public_functions()
 FP8_VS_FP32 = {"cos": 0.998, "l1": 0.06}
 
 
-def _backend(fn, q, k, layout="HND", causal=False, lse=False):
-    """(backend, options) that ``fn`` runs for the call on ``q``, ``k`` (helpers.runs)."""
-    return runs(fn, q, k, layout, causal, lse)
-
-
 def _fp32_bars(fn, q, k, layout="HND", causal=False, lse=False):
-    return FP8_VS_FP32 if _backend(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS else {}
+    return FP8_VS_FP32 if runs(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS else {}
 
 
 def _reference_config(fn, q, k, layout="HND", causal=False, lse=False):
     """The reference configuration of what ``fn`` computes for this call, for the tight
     comparison (None: no quantized pipeline to compare with)."""
-    n = 2 if layout == "HND" else 1
-    n_k = min(k.shape[n], q.shape[n]) if causal else k.shape[n]
-    return reference_config(*_backend(fn, q, k, layout, causal, lse), q, n_k)
+    return reference_config(*runs(fn, q, k, layout, causal, lse), q, k, layout, causal)
 
 
 @pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
@@ -86,7 +79,7 @@ def test_grid(fn, dtype, layout, causal, d, n, gqa, cross, lse):
     if cfg is not None:
         ref = attention_quantized(q, kr, vr, layout, causal, None, lse, cfg)
         ro, rl = ref if lse else (ref, None)
-        assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS)
+        assert_close_to_reference(o, ro, dtype, fn, fp8=runs(fn, q, k, layout, causal, lse)[0] in FP8_BACKENDS)
         if lse:
             assert_lse_close_to_reference(lse_out, rl)
     if lse:
@@ -113,7 +106,7 @@ def test_long_sequences(fn, dtype, causal, d, lse):
         return
     ref = attention_quantized(q, k, v, "HND", causal, None, lse, cfg)
     ro, rl = ref if lse else (ref, None)
-    assert_close_to_reference(o, ro, dtype, fn, fp8=_backend(fn, q, k, "HND", causal, lse)[0] in FP8_BACKENDS)
+    assert_close_to_reference(o, ro, dtype, fn, fp8=runs(fn, q, k, "HND", causal, lse)[0] in FP8_BACKENDS)
     if lse:
         assert_lse_close_to_reference(lse_out, rl)
 
@@ -142,7 +135,7 @@ def test_many_work_tiles_per_sm(fn, causal, d, gqa):
         assert (lse - el).abs().max() < 2e-3
         return
     ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
-    assert_close_to_reference(o, ro, torch.bfloat16, fn, fp8=_backend(fn, q, k, "HND", causal, True)[0] in FP8_BACKENDS)
+    assert_close_to_reference(o, ro, torch.bfloat16, fn, fp8=runs(fn, q, k, "HND", causal, True)[0] in FP8_BACKENDS)
     assert_lse_close_to_reference(lse, rl)
 
 
@@ -329,7 +322,7 @@ def test_acceptance_accuracy(fn, d, causal):
     o = FUNCS[fn](q, k, v, is_causal=causal)
     ref32 = sdpa_fp32(q, k, v, "HND", causal)
     m = error_metrics(o, ref32)
-    backend = _backend(fn, q, k, "HND", causal)[0]
+    backend = runs(fn, q, k, "HND", causal)[0]
     if backend in ("triton", "sdpa"):
         assert m["cos"] >= 0.9999 and m["rel_l1"] <= 0.015, m
     else:

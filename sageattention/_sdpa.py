@@ -156,8 +156,13 @@ def sdpa_lse(q, k, v, is_causal: bool, scale: float, nhd: bool = False):
     return _in_layout(o, nhd), lse
 
 
+# The aten operator SDPA's cuDNN backend runs, bound here so that the CPU tests can stand in for it
+# without replacing torch's own attribute (torch's lazily imported modules read that one).
+_CUDNN_OP = torch.ops.aten._scaled_dot_product_cudnn_attention
+
+
 def _cudnn_lse(q, k, v, is_causal, scale):
-    out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)
+    out = _CUDNN_OP(q, k, v, None, True, 0.0, is_causal, False, scale=scale)
     return out[0], out[1].reshape(q.shape[0], q.shape[1], q.shape[2]).contiguous()
 
 

@@ -997,9 +997,6 @@ def test_compiled_hand_over_copies_misaligned_views(monkeypatch, backend, layout
     q, k, v = (t.transpose(1, 2).contiguous() if layout == "NHD" else t for t in _short_route(monkeypatch))
     wide = [torch.cat([torch.zeros(*t.shape[:-1], 3, dtype=t.dtype), t], dim=-1)[..., 3:] for t in (q, k, v)]
     assert all(w.data_ptr() % 16 for w in wide) and all(torch.equal(w, t) for w, t in zip(wide, (q, k, v)))
-    # before the patches: the first reset imports torch's flop counter, which registers formulas
-    # on aten's cuDNN attention operator and refuses a plain function in its place
-    torch._dynamo.reset()
     seen = []
     if lse:
         fake = _fake_cudnn_attention([])
@@ -1007,7 +1004,7 @@ def test_compiled_hand_over_copies_misaligned_views(monkeypatch, backend, layout
         def cudnn(a, b, c, *rest, **kw):
             seen.append([t.data_ptr() % 16 == 0 for t in (a, b, c)])
             return fake(a, b, c, *rest, **kw)
-        monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", cudnn)
+        monkeypatch.setattr(_sdpa, "_CUDNN_OP", cudnn)
         monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: True)
     else:
         real = torch.nn.functional.scaled_dot_product_attention
@@ -1024,6 +1021,7 @@ def test_compiled_hand_over_copies_misaligned_views(monkeypatch, backend, layout
         targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
         return torch._dynamo.backends.registry.lookup_backend(backend)(gm, example_inputs)
 
+    torch._dynamo.reset()
     seen.clear()
     got = torch.compile(sa.sageattn, fullgraph=True, backend=recording)(*wide, **kw)
     op = "sageattention.sdpa_lse" if lse else "sageattention.sdpa"
@@ -1064,7 +1062,7 @@ def test_short_lse_call_takes_cudnn_attention_and_its_lse(monkeypatch, layout, g
     if gqa:
         k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
     calls = []
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", _fake_cudnn_attention(calls))
+    monkeypatch.setattr(_sdpa, "_CUDNN_OP", _fake_cudnn_attention(calls))
     monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: True)
     qi, ki, vi = (t.transpose(1, 2).contiguous() if layout == "NHD" else t for t in (q, k, v))
     o, lse = sa.sageattn(qi, ki, vi, tensor_layout=layout, is_causal=True, sm_scale=0.3, return_lse=True)
@@ -1086,7 +1084,7 @@ def test_short_lse_call_keeps_the_kernel_where_cudnn_cannot_run_it(monkeypatch):
 
     q, k, v = _short_route(monkeypatch)
     calls = []
-    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", _fake_cudnn_attention(calls))
+    monkeypatch.setattr(_sdpa, "_CUDNN_OP", _fake_cudnn_attention(calls))
     monkeypatch.setattr(_sdpa, "_cudnn_can_run", lambda *a: False)
     marker = (torch.zeros_like(q), torch.full((2, 4, 40), -7.0))
     monkeypatch.setattr(core, "_cuda_run", lambda *a: marker)

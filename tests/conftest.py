@@ -32,6 +32,32 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "blackwell: needs a Blackwell GPU (skipped with a reason without one)")
 
 
+def _what_runs():
+    """What this run can test: on a GPU whose CUDA kernels were not built the suite still passes,
+    on Triton alone, with the kernel tests skipped (each with its reason)."""
+    if not HAS_CUDA:
+        return ["sageattention: no CUDA GPU; GPU tests skip, Triton kernels run in its CPU interpreter"]
+    from sageattention import dispatch
+
+    cap = torch.cuda.get_device_capability()
+    states = dispatch.report(torch.device("cuda"))
+    ready = [name for name, state in states.items() if state == "available"]
+    return ([f"sageattention: {torch.cuda.get_device_name()} (sm{cap[0]}{cap[1]}), "
+             f"backends available: {', '.join(ready) or 'none'}"]
+            + [f"  {name}: {state}" for name, state in states.items() if state != "available"])
+
+
+def pytest_report_header(config):
+    return _what_runs()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Again at the end, where ``-q`` runs (which print no header) show it."""
+    if terminalreporter.verbosity < 0:
+        for line in _what_runs():
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = None if HAS_CUDA else pytest.mark.skip(reason="GPU test: no CUDA GPU visible on this machine")
     why = _blackwell_skip_reason()

@@ -16,6 +16,7 @@ import torch
 
 from . import _checks as C
 from . import _sdpa, dispatch
+from ._inference import inference_only
 from ._ops import require
 
 _PV_FP16 = ("fp32", "fp16+fp32")
@@ -158,6 +159,7 @@ class _nullctx:
 # public functions
 
 
+@inference_only
 def sageattn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -210,6 +212,7 @@ def sageattn(
                      return_lse, 1)  # V as one e4m3 term: v_fp8_terms is the sm90 function's opt-in
 
 
+@inference_only
 def sageattn_qk_int8_pv_fp16_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -295,6 +298,7 @@ def _cuda_run(fn, module, q, k, v, tensor_layout, dims, is_causal, scale, qk_qua
                          pv_accum_dtype, smooth_k, smooth_v, return_lse, v_fp8_terms)
 
 
+@inference_only
 def sageattn_qk_int8_pv_fp16_cuda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -315,6 +319,7 @@ def sageattn_qk_int8_pv_fp16_cuda(
                        _PV_FP16, smooth_k, smooth_v, return_lse, kwargs, ())
 
 
+@inference_only
 def sageattn_qk_int8_pv_fp8_cuda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -335,6 +340,7 @@ def sageattn_qk_int8_pv_fp8_cuda(
                        _PV_FP8, smooth_k, smooth_v, return_lse, kwargs, ("fp32",))
 
 
+@inference_only
 def sageattn_qk_int8_pv_fp8_cuda_sm90(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -360,6 +366,7 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(
                        _PV_SM90, smooth_k, False, return_lse, kwargs, (), v_fp8_terms)
 
 
+@inference_only
 def sageattn_varlen(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -18,6 +18,7 @@ import math
 import torch
 
 from sageattention import _checks
+from sageattention._inference import inference_only
 
 from . import _kernels
 
@@ -30,6 +31,7 @@ class UnsupportedDeviceError(RuntimeError):
     """The FP4 kernels need a Blackwell GPU."""
 
 
+@inference_only
 def sageattn3_blackwell(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None, is_causal: bool = False,
                         per_block_mean: bool = True, **kwargs):
     """FP4 microscaling attention on Blackwell GPUs.

@@ -1077,6 +1077,18 @@ def test_short_lse_call_takes_cudnn_attention_and_its_lse(monkeypatch, layout, g
     assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=0)
 
 
+def test_handed_over_call_has_no_backward_either(monkeypatch):
+    """A call sageattn hands to SDPA (differentiable on its own) is forward-only like the kernel's
+    calls, so a model's gradients never depend on its sequence lengths: the same bits as without
+    grad, and a backward that raises naming sageattn."""
+    q, k, v = _short_route(monkeypatch)
+    with torch.no_grad():
+        want = sa.sageattn(q, k, v, is_causal=True)
+    got = sa.sageattn(q, k.requires_grad_(), v, is_causal=True)
+    assert torch.equal(got.detach(), want)
+    with pytest.raises(RuntimeError, match=r"^sageattn has no backward"):
+        got.float().sum().backward()
+
 def test_short_lse_call_keeps_the_kernel_where_cudnn_cannot_run_it(monkeypatch):
     """Where torch's own check says its cuDNN attention cannot take the call (eager mode),
     sageattn runs its kernel for the LSE instead of raising."""

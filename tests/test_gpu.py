@@ -477,6 +477,23 @@ def test_sageattn_gives_short_calls_to_sdpa_on_hopper(layout, causal):
                          **_fp32_bars("sageattn", q, k, layout, causal))
 
 
+@pytest.mark.parametrize("name", sorted(FUNCS))
+def test_backward_raises_on_every_function(name):
+    """q, k, v that require grad (grad mode on): each function's bits without grad, and a backward
+    through o or the LSE that raises naming it (the compiled ops have no autograd formula: without
+    sageattention/_inference.py their o would come back a constant, silently)."""
+    fn = FUNCS[name]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 300, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        want = fn(q, k, v, return_lse=True)
+    for i in range(2):
+        got = fn(*(t.detach().requires_grad_() for t in (q, k, v)), return_lse=True)
+        assert all(x.requires_grad and torch.equal(x.detach(), w) for x, w in zip(got, want))
+        with pytest.raises(RuntimeError, match=rf"^{fn.__name__} has no backward"):
+            got[i].float().sum().backward()
+
+
 @pytest.mark.parametrize("lse", [False, True], ids=["o", "lse"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])

@@ -252,3 +252,61 @@ def test_host_tables_stay_on_the_host_for_cpu_work():
     before = _staging.kept_tables()
     t = torch.tensor([[0, 3], [5, 7]], dtype=torch.int32)
     assert _staging.to_device(t, torch.device("cpu")) is t and _staging.kept_tables() == before
+
+
+# --- backward: every public function is forward-only (sageattention/_inference.py) ---
+
+
+def _backward_raises(fn_name, out, q):
+    """A loss that reaches q through ``out`` and also directly (a residual stream): with ``out``
+    a constant the backward would run and give q only the direct share."""
+    loss = out.float().sum() + q.float().sum()
+    with pytest.raises(RuntimeError, match=rf"^{fn_name} has no backward: .*torch\.no_grad\(\) or "
+                                           r"torch\.inference_mode\(\).*scaled_dot_product_attention"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["o", "lse"])
+def test_backward_through_a_call_raises_and_names_the_function(which):
+    """q that requires grad (a trained projection before the attention): the forward gives the bits
+    of the same call without grad, and its outputs can be changed in place; a backward through o
+    or the LSE raises, naming the function and what to do, also when the loss reaches q otherwise."""
+    q, k, v = qkv()
+    q.requires_grad_()
+    with torch.no_grad():
+        want = T(q, k, v, return_lse=True)
+    got = T(q, k, v, return_lse=True)
+    for g, w in zip(got, want):
+        assert g.requires_grad and torch.equal(g.detach(), w)
+    _backward_raises("sageattn_qk_int8_pv_fp16_triton", got[which], q)
+    o = T(q, k, v)
+    o.mul_(2.0)
+    assert torch.equal(o.detach(), want[0] * 2.0)
+
+
+def test_backward_through_a_packed_call_raises():
+    q, k, v, cu = packed()
+    k.requires_grad_()
+    _backward_raises("sageattn_varlen", VL(q, k, v, cu, cu, 6, 6), k)
+
+
+def test_calls_without_grad_are_left_alone():
+    """Inference as usual: under no_grad or inference_mode, or with nothing that requires grad,
+    the output is the function's own (no backward node)."""
+    q, k, v = qkv()
+    with torch.no_grad():
+        assert T(q.requires_grad_(), k, v).grad_fn is None
+    with torch.inference_mode():
+        assert not T(q, k, v).requires_grad
+    assert T(q.detach(), k, v).grad_fn is None
+
+
+def test_every_public_attention_function_is_forward_only():
+    """Each public function carries the wrapper (the compiled ones cannot run here; the GPU tests
+    run them with inputs that require grad)."""
+    import inspect
+
+    import sageattention3_blackwell as sa3
+
+    for fn in (F, T, C16, C8, C90, VL, sa3.sageattn3_blackwell):
+        assert inspect.unwrap(fn) is not fn and fn.__wrapped__.__name__ == fn.__name__, fn.__name__

@@ -13,7 +13,8 @@ and gives its outputs a backward node that raises, naming the function.
 Calls under ``torch.no_grad()`` / ``torch.inference_mode()`` or on tensors that need no grad
 (the usual inference) are not touched. Under torch.compile the wrapper steps aside (dynamo
 traces a Function's backward, and this one raises): there a call that needs grad fails when
-it is compiled, on the Triton path with torch's "no autograd formula" for sageattention's op.
+it is compiled, on the Triton path with torch's "no autograd formula" for sageattention's op
+(checked on the CPU; the compiled CUDA ops under torch.compile with grad are not checked).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 # One device call: build the CUDA extensions in place, run the GPU tests, the sanitizers
 # and the benchmark; logs under $OUT (default ./device-out). Steps are chosen with
 # STEPS="build cuda gpu bench sanitize" (default: all); SAN_ARGS limits the sanitizer cases
-# to some backends (e.g. "cuda_sm90"), PYTEST_FILES the test files of the suite (default: all).
+# to some backends (e.g. "cuda_sm90"), PYTEST_FILES the test files of the suite (default: all),
+# PYTEST_SHARD=I/N the I-th of N interleaved parts of them (tests/conftest.py).
 # Used through the `device` tool:
 #   SAGEATTN_COMMIT=<commit of this tree> bash bench/device_run.sh
 set -uo pipefail
@@ -55,7 +56,7 @@ if has gpu; then
   # PYTEST_FILES, "tests/test_gpu.py" (467 s at -n 15 on an H200, ef638f6) and then the other
   # files (258 s at -n 14); --durations says where it goes)
   python -m pytest -q ${PYTEST_FILES:-tests} -n ${PYTEST_WORKERS:-12} -p no:cacheprovider --durations=25 \
-    ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/test_all.log" 2>&1 || status=1
+    ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_SHARD:+--shard "$PYTEST_SHARD"} >"$OUT/test_all.log" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)" "$OUT/test_all.log" | head -30; tail -3 "$OUT/test_all.log"
 fi
 if has bench; then

@@ -58,7 +58,31 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only the I-th of N interleaved parts of the collected tests (0 <= I < N), so that "
+                          "a suite longer than one device call runs in N calls; the parts together are the suite")
+
+
+def _shard(config, items):
+    spec = config.getoption("--shard")
+    if spec is None:
+        return
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        i, n = -1, 0
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--shard must be I/N with 0 <= I < N, got {spec!r}")
+    keep, drop = [], []
+    for j, item in enumerate(items):
+        (keep if j % n == i else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     skip_gpu = None if HAS_CUDA else pytest.mark.skip(reason="GPU test: no CUDA GPU visible on this machine")
     why = _blackwell_skip_reason()
     skip_bw = pytest.mark.skip(reason=why) if why else None

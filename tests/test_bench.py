@@ -1,4 +1,5 @@
-"""bench/bench.py's timing order and bench/power.py's energy arithmetic (no GPU needed)."""
+"""bench/bench.py's timing order, bench/power.py's energy arithmetic and the test suite's
+``--shard`` option for device calls (no GPU needed)."""
 
 import importlib.util
 import os
@@ -374,3 +375,37 @@ def test_recorded_commands_name_the_kernel_switches(monkeypatch):
     monkeypatch.setenv("SAGEATTN_NO_PDL", "1")
     monkeypatch.setenv("OTHER_SETTING", "x")
     assert bench.switches() == "SAGEATTN_NO_PDL=1 SAGEATTN_SM90_NARROW=0 "
+
+
+def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
+    """``--shard I/N`` (tests/conftest.py) keeps every N-th collected test from the I-th; the N
+    parts are disjoint and together the whole collection; the rest is reported deselected; a bad
+    spec is a usage error."""
+    import conftest
+
+    class Config:
+        def __init__(self, spec):
+            self.spec, self.dropped = spec, []
+            self.hook = self
+
+        def getoption(self, name):
+            assert name == "--shard"
+            return self.spec
+
+        def pytest_deselected(self, items):
+            self.dropped += items
+
+    names = [f"t{j}" for j in range(11)]
+    parts = []
+    for i in range(3):
+        items, config = list(names), Config(f"{i}/3")
+        conftest._shard(config, items)
+        assert sorted(items + config.dropped) == sorted(names)
+        parts.append(items)
+    assert sorted(sum(parts, [])) == sorted(names) and [len(p) for p in parts] == [4, 4, 3]
+    items = list(names)
+    conftest._shard(Config(None), items)
+    assert items == names
+    for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
+        with pytest.raises(pytest.UsageError, match="--shard must be I/N"):
+            conftest._shard(Config(bad), list(names))

@@ -11,10 +11,9 @@ be differentiable: what a backward did would depend on the GPU, the build and th
 :func:`inference_only` runs a call whose q, k or v requires grad (grad mode on) without grad
 and gives its outputs a backward node that raises, naming the function.
 Calls under ``torch.no_grad()`` / ``torch.inference_mode()`` or on tensors that need no grad
-(the usual inference) are not touched. Under torch.compile the wrapper steps aside (dynamo
-traces a Function's backward, and this one raises): there a call that needs grad fails when
-it is compiled, on the Triton path with torch's "no autograd formula" for sageattention's op
-(checked on the CPU; the compiled CUDA ops under torch.compile with grad are not checked).
+(the usual inference) are not touched. Under torch.compile (dynamo would trace the Function's
+backward, which raises) a call that needs grad raises at once: dynamo then breaks the graph there
+and runs the call eagerly, as above, or with ``fullgraph=True`` fails to compile with this error.
 """
 
 from __future__ import annotations
@@ -56,8 +55,10 @@ def inference_only(func):
 
     @functools.wraps(func)
     def call(q, k, v, *args, **kwargs):
-        if not _needs_grad(q, k, v) or torch.compiler.is_compiling():
+        if not _needs_grad(q, k, v):
             return func(q, k, v, *args, **kwargs)
+        if torch.compiler.is_compiling():  # dynamo breaks the graph here and runs this call eagerly
+            raise RuntimeError(_message(func.__name__))
         return _NoBackward.apply(func.__name__, lambda: func(q, k, v, *args, **kwargs), q, k, v)
 
     return call

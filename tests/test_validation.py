@@ -301,6 +301,24 @@ def test_calls_without_grad_are_left_alone():
     assert T(q.detach(), k, v).grad_fn is None
 
 
+def test_compiled_call_that_needs_grad_runs_eagerly_or_refuses_fullgraph():
+    """Under torch.compile a call that needs grad breaks the graph and runs as in eager mode (same
+    bits, backward raising); with fullgraph=True it fails to compile, with the same message."""
+    q, k, v = qkv()
+    q.requires_grad_()
+    with torch.no_grad():
+        want = T(q, k, v)
+    torch._dynamo.reset()
+    got = torch.compile(T, backend="eager")(q, k, v)
+    assert torch.equal(got.detach(), want)
+    _backward_raises("sageattn_qk_int8_pv_fp16_triton", got, q)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="sageattn_qk_int8_pv_fp16_triton has no backward"):
+        torch.compile(T, backend="eager", fullgraph=True)(q, k, v)
+    torch._dynamo.reset()
+    with torch.no_grad():  # and a call without grad still compiles whole
+        assert torch.equal(torch.compile(T, backend="eager", fullgraph=True)(q, k, v), want)
+
 def test_every_public_attention_function_is_forward_only():
     """Each public function carries the wrapper (the compiled ones cannot run here; the GPU tests
     run them with inputs that require grad)."""

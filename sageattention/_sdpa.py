@@ -93,14 +93,15 @@ def sdpa(q, k, v, is_causal: bool, scale: float, enable_gqa: bool, nhd: bool = F
     bench/results/2026-11-27-NVIDIA_H100_80GB_HBM3-e9588c1-compile-misaligned.md)."""
     if torch.compiler.is_compiling():
         return _sdpa_op(q, k, v, is_causal, scale, enable_gqa, nhd)
-    return _in_layout(_sdpa_now(q, k, v, is_causal, scale, enable_gqa), nhd)
+    return _sdpa_now(q, k, v, is_causal, scale, enable_gqa, nhd)
 
 
-def _sdpa_now(q, k, v, is_causal, scale, enable_gqa):
+def _sdpa_now(q, k, v, is_causal, scale, enable_gqa, nhd):
     q, k, v = (cudnn_ready(t) for t in (q, k, v))
     kw = {"enable_gqa": True} if enable_gqa else {}
-    return _cudnn_first(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-                                                                                 scale=scale, **kw))
+    o = _cudnn_first(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                                              scale=scale, **kw))
+    return _in_layout(o, nhd)
 
 
 def _in_layout(o: torch.Tensor, nhd: bool) -> torch.Tensor:
@@ -117,7 +118,7 @@ def _layout_shape(q: torch.Tensor, v: torch.Tensor, nhd: bool):
 def _sdpa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float, enable_gqa: bool,
              nhd: bool) -> torch.Tensor:
     """:func:`sdpa`'s body as a custom op (torch.compile); o contiguous in the caller's layout."""
-    return _in_layout(_sdpa_now(q, k, v, is_causal, scale, enable_gqa), nhd)
+    return _sdpa_now(q, k, v, is_causal, scale, enable_gqa, nhd)
 
 
 @_sdpa_op.register_fake

@@ -114,7 +114,7 @@ GQA_GROUP = 2
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
-#: GH200; the H200 takes H200_SM90 below, these but four limits), measured on an H100 beside SDPA
+#: GH200; the H200 takes H200_SM90 below, these but one limit), measured on an H100 beside SDPA
 #: with bench/crossover.py:
 #: - short calls (the ``square`` and ``rect`` sets,
 #:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
@@ -179,8 +179,8 @@ GQA_GROUP = 2
 #:   0.89-0.97 of cuDNN's time (LSE 0.94-1.03), with a check on other heads
 #:   (…-bae882e-crossover-padded-causal-check.md: 8 x 32 / 8 at 3072 0.73, 2 x 40 0.95, 1 x 32
 #:   1.05-1.06, LSE 1.08-1.13, which the causal pair limit hands over): ``length_causal_padded``
-#:   3072, the length of D=128 (the H200 and the other kernels keep 3584 and a causal pair limit
-#:   of 2^30: not measured since);
+#:   3072, the length of D=128 (the other kernels keep 3584 and a causal pair limit of 2^30:
+#:   not measured since; the H200 takes 3072 too, checked there at 5a7acc2);
 #: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
 #:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
 #:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
@@ -204,16 +204,20 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
 #: The causal limits (a length, two pair limits) as they were before the H100's three-consumer
-#: switch-over moved (23bd5da), kept where they were not measured again: the other kernels and
-#: the H200.
+#: switch-over moved (23bd5da), kept where they were not measured again: the other kernels.
 _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs_causal_long=1 << 30)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
-#: first two with the LSE too), but for four (``length_causal_padded`` stays 3584, ``pairs_causal``
-#: and ``pairs_causal_long`` 2^30, the H100's before the three-consumer switch-over moved, not
-#: measured on the H200 since; and ``length_192_gqa``, below). Its memory (4.8 TB/s against
+#: first two with the LSE too; the causal limits of the three-consumer kernel on the five sets
+#: they were set and checked on, with and without the LSE, 132 calls:
+#: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for one
+#: (``length_192_gqa``, below). Until that causal run the H200 kept the H100's causal limits from
+#: before the switch-over moved (3584 at head dims 65-127, 2^30 pairs): 45 of the 132 calls went
+#: more than 6 % from their faster side, the kernel up to 28 % faster (8 x 32 / 8 x 3072^2 causal at
+#: D=96 handed over: 0.72 of cuDNN's time); with the H100's limits 3, the worst 8.7 % (2 x 40 x
+#: 3072^2 causal at D=96, handed over with the kernel at 0.92). Its memory (4.8 TB/s against
 #: 3.35) makes the
 #: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
 #: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
@@ -230,7 +234,7 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: what these fields can express (they only raise ``length`` and ``pairs``): 12 of 24 calls
 #: handed over there ran 8-24 % faster in the kernel. Known, not changed.
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2048, **_CAUSAL_BEFORE_NC3)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

@@ -96,19 +96,16 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
-    keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores), and
-    causal calls at head dims 65-127, causal calls of 3 x 2^28 to 2^30 pairs and those of 2^29 to
-    2^30 from 6144 keys, which it hands over (the H100 keeps them: measured after the
-    three-consumer switch-over moved); without the
-    Hopper kernel both hand over the same."""
+    keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores). The causal
+    limits of the three-consumer kernel (3072 at head dims 65-127, 3 x 2^28 pairs, 2^29 from 6144
+    keys) were checked on the H200 at 5a7acc2 and are the H100's; the other kernels keep those
+    from before the switch-over moved (3584, 2^30), which neither GPU measured again. Without
+    the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa", "length_causal_padded", "pairs_causal", "pairs_causal_long"}
-    # causal: the H100's 3072 at head dims 65-127, 3 x 2^28 pairs and 2^29 from 6144 keys measured
-    # after the three-consumer switch-over moved (bae882e, 48feaa2, 149d2d2), the H200 keeps the
-    # 3584 and 2^30 set before it; so do the other kernels
-    for f, h100, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
+    assert diff == {"length_192_gqa"}
+    for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
                             ("pairs_causal_long", 1 << 29, 1 << 30)):
-        assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (h100, before)
+        assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (sm90, sm90)
         assert getattr(dispatch.GH100_OTHERS, f) == before
     assert dispatch.hand_over_for((9, 0), "NVIDIA H200", "triton") == dispatch.GH100_OTHERS
     call = (4, 32, 2048, 2048, 176, False, 8)
@@ -409,7 +406,14 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-causal-pairs-check": 10,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-gqa": 40,
                     # that limit checked after on head counts neither had, and at D=64 and 96
-                    "2026-11-27-NVIDIA_H100_80GB_HBM3-a7413c4-crossover-causal-long": 14})
+                    "2026-11-27-NVIDIA_H100_80GB_HBM3-a7413c4-crossover-causal-long": 14,
+                    # the five causal sets above on the H200 (5a7acc2), which moved its causal
+                    # limits to the H100's
+                    "2026-11-28-NVIDIA_H200-5a7acc2-crossover-padded-causal": 17,
+                    "2026-11-28-NVIDIA_H200-5a7acc2-crossover-padded-causal-check": 7,
+                    "2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-pairs": 18,
+                    "2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-pairs-check": 10,
+                    "2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-long": 14})
 # the runs (with and without the LSE) whose rows at head dims 129-192 timed the kernel on all 256
 # columns, before 6022f5f: those rows measured a kernel that no longer runs and are not held to
 # today's limits (their D=256 rows are)
@@ -493,7 +497,12 @@ def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
 # faster (the set's other 2048 calls 0.95-1.04), and two with the LSE above it, 2 x 40 / 20 x
 # 2176^2 at D=192 and 144, the kernel 7-9 % slower (cuDNN runs multiples of 128 best; at 2112 and
 # 2240 the same calls ran 0.95-1.03); on the H200 (2048, ef638f6) one call under it, 4 x 32 / 8 x
-# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06)
+# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06); and causal calls
+# under the pair limits on the H200 (its causal limits checked at 5a7acc2 are the H100's): 1 x 5 x
+# 10240^2 (2^28.97, under 2^29 from 6144 keys) and 2 x 16 x 4608^2 at D=128 (2^29.34, under
+# 3 x 2^28), 2 x 40 x 3072^2 at D=96 (2^29.49), handed over with the kernel at 0.94, 0.93 and 0.92
+# of cuDNN's time (with the LSE 0.96, 1.00, 0.97). A pair limit of 2^29 would keep the last two and
+# take 1 x 32 x 4096^2 (2^29.0, LSE 1.08) 8 % from its faster side: not moved for one call
 ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short", (4, 32, 2048, 2048, 176, False)): 1.08,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 192, False)): 1.09,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 144, False)): 1.08,
@@ -501,7 +510,10 @@ ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-shor
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa-check", (1, 64, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-lse-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
-              ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08}
+              ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08,
+              ("2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-long", (1, 5, 10240, 10240, 128, True)): 1.07,
+              ("2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-pairs-check", (2, 16, 4608, 4608, 128, True)): 1.08,
+              ("2026-11-28-NVIDIA_H200-5a7acc2-crossover-padded-causal-check", (2, 40, 3072, 3072, 96, True)): 1.09}
 
 
 def _limits_of(run: dict) -> dispatch.HandOver:
@@ -579,7 +591,13 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-48feaa2-crossover-lse-causal-pairs": 18,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-149d2d2-crossover-lse-causal-pairs-check": 10,
-            "2026-11-27-NVIDIA_H100_80GB_HBM3-a7413c4-crossover-lse-causal-long": 14}
+            "2026-11-27-NVIDIA_H100_80GB_HBM3-a7413c4-crossover-lse-causal-long": 14,
+            # and on the H200 (5a7acc2)
+            "2026-11-28-NVIDIA_H200-5a7acc2-crossover-lse-padded-causal": 17,
+            "2026-11-28-NVIDIA_H200-5a7acc2-crossover-lse-padded-causal-check": 7,
+            "2026-11-28-NVIDIA_H200-5a7acc2-crossover-lse-causal-pairs": 18,
+            "2026-11-28-NVIDIA_H200-5a7acc2-crossover-lse-causal-pairs-check": 10,
+            "2026-11-28-NVIDIA_H200-5a7acc2-crossover-lse-causal-long": 14}
 
 
 @pytest.mark.parametrize("run", sorted(LSE_RUNS))
@@ -853,10 +871,13 @@ def test_main_module_states_the_pair_limits_as_set():
             n = getattr(row, f)
             base, _, exp = _count(n).rpartition("2^")
             assert (int(base.rstrip("*") or 1) << int(exp)) == n, (f, n)
-    h100, h200 = hand_over_text(dispatch.GH100_SM90), hand_over_text(dispatch.H200_SM90)
-    assert "causal 3*2^28, from 6144 keys at D <= 128 2^29 (2^29 with 2 or more" in h100
-    assert "causal 2^30 (2^29 with 2 or more" in h200 and "6144" not in h200
-    assert "3584 at 64 < D < 128" in h200 and "3072 at 64 < D < 128" in h100
+    sm90, others = hand_over_text(dispatch.GH100_SM90), hand_over_text(dispatch.GH100_OTHERS)
+    assert "causal 3*2^28, from 6144 keys at D <= 128 2^29 (2^29 with 2 or more" in sm90
+    assert "causal 2^30 (2^29 with 2 or more" in others and "6144" not in others
+    assert "3584 at 64 < D < 128" in others and "3072 at 64 < D < 128" in sm90
+    # the H200's row writes the same causal limits as the H100's
+    h200 = hand_over_text(dispatch.H200_SM90)
+    assert "causal 3*2^28, from 6144 keys at D <= 128 2^29" in h200 and "3072 at 64 < D < 128" in h200
 
 
 def _short_route(monkeypatch):

@@ -25,7 +25,8 @@ head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/
 ``wide-gqa-short-check`` other such calls around the H200's limit, ``wide-gqa-edge`` others
 around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
 ``wide-gqa-edge-check`` others around 2176, ``wide-gqa-2112`` around 2112 and ``wide-gqa-2048``
-around 2048 (the H200's, since the pair stores); ``odd-dims`` head dims that are
+around 2048 (the H200's, since the pair stores), ``wide-gqa-1920-check`` other groups and
+head dims around 1920 (the H200's, set without a run of its own); ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -116,6 +117,11 @@ WIDE_GQA_2112 = [(b, h, hkv, n, n, d, False) for d in (184, 168, 152)
 # and 4 query heads per K/V head with 32, 48 and 40; 1920, 1984, 2048 and 2112)
 WIDE_GQA_2048 = [(b, h, hkv, n, n, d, False) for d in (184, 160, 136)
                  for b, h, hkv in ((2, 32, 4), (1, 48, 16), (3, 40, 10)) for n in (1920, 1984, 2048, 2112)]
+# the H200's non-causal GQA limits at head dims 129-192 (1920, 3 x 2^26 pairs), set on the six
+# sets above with no run of their own, checked on groups, head dims and lengths none of them had:
+# 4, 7, 2 and 4 query heads per K/V head, D 152, 168, 192, N 1792-2048 (2^26-2^30 pairs)
+WIDE_GQA_1920_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 168, 152)
+                       for b, h, hkv in ((4, 24, 6), (2, 56, 8), (1, 64, 32), (8, 16, 4)) for n in (1792, 1856, 1920, 2048)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -193,6 +199,7 @@ SETS = {
     "wide-gqa-edge-check": WIDE_GQA_EDGE_CHECK,
     "wide-gqa-2112": WIDE_GQA_2112,
     "wide-gqa-2048": WIDE_GQA_2048,
+    "wide-gqa-1920-check": WIDE_GQA_1920_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -71,7 +71,8 @@ class HandOver(NamedTuple):
     ``length_causal_192`` for head dims 129-192, which it runs on 192 of those columns; for
     causal calls at the head dims it pads to 128 or 64, ``length_causal_padded`` and
     ``length_causal_padded_d64``) the quantization costs more than the kernel saves; below
-    ``pairs`` (``pairs_causal``; at least ``pairs_192`` for head dims 129-192) of ``B·Hq·Nq·Nk``
+    ``pairs`` (``pairs_causal``; ``pairs_192`` for head dims 129-192, at least the causal pair
+    limit for causal calls there) of ``B·Hq·Nq·Nk``
     the call is too small to fill the GPU; causal calls of ``length_causal_long`` keys or more
     at head dims up to 128 are short only below ``pairs_causal_long`` if that is lower (the
     kernel gains on cuDNN with the length, so long causal calls on few heads still beat it).
@@ -80,7 +81,10 @@ class HandOver(NamedTuple):
     quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
     query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
     ``length_192_gqa`` and ``length_causal_192_gqa`` instead of ``length_192`` and
-    ``length_causal_192``.
+    ``length_causal_192``. Non-causal calls at head dims 129-192 take ``length_192`` (``_gqa``)
+    and ``pairs_192`` (``_gqa``) as they are, which may be below ``length`` and ``pairs`` (the
+    H200's GQA calls there, where its kernel passes cuDNN from shorter calls than at D=128);
+    causal calls there take the larger of those and the causal limits.
     Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
     padded, slower than the kernel at every measured size (:func:`goes_to_sdpa`).
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -212,8 +216,8 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
 #: first two with the LSE too; the causal limits of the three-consumer kernel on the five sets
 #: they were set and checked on, with and without the LSE, 132 calls:
-#: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for one
-#: (``length_192_gqa``, below). Until that causal run the H200 kept the H100's causal limits from
+#: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for two
+#: (``length_192_gqa`` and ``pairs_192_gqa``, below). Until that causal run the H200 kept the H100's causal limits from
 #: before the switch-over moved (3584 at head dims 65-127, 2^30 pairs): 45 of the 132 calls went
 #: more than 6 % from their faster side, the kernel up to 28 % faster (8 x 32 / 8 x 3072^2 causal at
 #: D=96 handed over: 0.72 of cuDNN's time); with the H100's limits 3, the worst 8.7 % (2 x 40 x
@@ -230,11 +234,20 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: the H100's 2080); the one call it hands over more than 6 % from its faster side is 4 x 32 / 8
 #: x 1792^2 at D=176, the kernel 7 % faster. (Before the pair stores the H200 kept these calls
 #: from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.) A check after on other
-#: groups (…-NVIDIA_H200-8da278a-crossover-wide-gqa-2048.md) put the crossover lower still, under
-#: what these fields can express (they only raise ``length`` and ``pairs``): 12 of 24 calls
-#: handed over there ran 8-24 % faster in the kernel. Known, not changed.
+#: groups (…-NVIDIA_H200-8da278a-crossover-wide-gqa-2048.md; 2 x 32 / 4, 1 x 48 / 16, 3 x 40 / 10
+#: at D 136, 160, 184, N 1920-2112) put the crossover lower still: 12 of its 24 calls handed over
+#: ran 8-24 % faster in the kernel, which the limits could not express then (at head dims 129-192
+#: they only raised ``length`` and ``pairs``; non-causal calls there take their own since).
+#: Set on the union of those six runs with their LSE twins (306 non-causal GQA calls at head dims
+#: 136-192), without a run of its own: ``length_192_gqa`` 1920 and ``pairs_192_gqa`` 3 x 2^26
+#: (2^27.58; 1 x 48 / 16 x 2048^2 exactly). Calls more than 6 % from their faster side: 22 with
+#: 2048 and 2^28 (worst: 3 x 40 / 10 x 1984^2 at D=184 handed over, kernel 0.81 of SDPA's time),
+#: 6 with these (1 x 48 / 16 at 1984 and 2048, where cuDNN's time jumps between lengths: kernel
+#: 0.90-0.94 handed over at 1984, 1.06-1.10 kept at 2048 with D=160; and 4 x 32 / 8 x 1792^2 at
+#: D=176, 0.93); mean time over the faster side's 1.17 % → 0.32 %. A check on other head counts
+#: and lengths (1792-2048) is the next run to make (``crossover.py --set wide-gqa-1920-check``).
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=2048)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H
@@ -468,9 +481,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
         if causal:
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
-        else:
-            length = max(length, lim.length_192_gqa if gqa else lim.length_192)
-        pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
+            pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
+        else:  # as they are: the H200's GQA limits are below those of head dims up to 128
+            length = lim.length_192_gqa if gqa else lim.length_192
+            pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)

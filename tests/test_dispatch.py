@@ -96,13 +96,15 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
-    keeps from N=2048 (the H100 from 2080; both measured after the column-pair stores). The causal
+    keeps from N=1920 and 3 x 2^26 pairs (the H100 from 2080 and 2^28; both measured after the
+    column-pair stores), below the limits of head dims up to 128. The causal
     limits of the three-consumer kernel (3072 at head dims 65-127, 3 x 2^28 pairs, 2^29 from 6144
     keys) were checked on the H200 at 5a7acc2 and are the H100's; the other kernels keep those
     from before the switch-over moved (3584, 2^30), which neither GPU measured again. Without
     the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa"}
+    assert diff == {"length_192_gqa", "pairs_192_gqa"}
+    assert (dispatch.H200_SM90.length_192_gqa, dispatch.H200_SM90.pairs_192_gqa) == (1920, 3 << 26)
     for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
                             ("pairs_causal_long", 1 << 29, 1 << 30)):
         assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (sm90, sm90)
@@ -290,6 +292,19 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS._replace(length_192_gqa=2048), _dims(4, 32, 2048, 2048, 192, hkv=8), True, False, True),  # causal: 4096
     (LIMITS._replace(length_192_gqa=2048), _dims(1, 32, 2560, 2560, 192, hkv=4), False, False, True),  # 2^27.6 pairs
     (LIMITS._replace(length_192_gqa=1024), _dims(4, 32, 1792, 1792, 128, hkv=8), False, False, True),  # D <= 128: 2048
+    # non-causal at 129-192 take their limits as they are, below those of D <= 128 (the H200's)
+    (LIMITS._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26), _dims(4, 32, 1920, 1920, 192, hkv=8), False, False,
+     False),
+    (LIMITS._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26), _dims(4, 32, 1919, 1919, 192, hkv=8), False, False,
+     True),
+    (LIMITS._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26), _dims(1, 48, 2048, 2048, 160, hkv=16), False, False,
+     False),  # 3 x 2^26 pairs exactly
+    (LIMITS._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26), _dims(1, 48, 1984, 1984, 160, hkv=16), False, False,
+     True),
+    (LIMITS._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26), _dims(4, 32, 1920, 1920, 160), False, False,
+     True),  # no GQA: 3072
+    (LIMITS._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26), _dims(4, 32, 1920, 1920, 192, hkv=8), True, False,
+     True),  # causal: the larger of its limits (4096)
     (LIMITS, _dims(4, 32, 4096, 4096, 200, hkv=8), True, False, True),  # 193-255: 8192 either way
     (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 4096, 4096, 192, hkv=8), True, True, False),  # the LSE likewise
     (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 3072, 3072, 192, hkv=8), True, True, True),
@@ -392,6 +407,8 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short-check": 27,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-edge-check": 27,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-2112": 27,
+                    # and the check after (8da278a), with which its limits moved to 1920 and 3 x 2^26
+                    "2026-11-27-NVIDIA_H200-8da278a-crossover-wide-gqa-2048": 36,
                     # head dims that are not multiples of 8 (SDPA runs flash): never short
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-ca170a2-crossover-odd-dims": 50,
                     # causal at head dims 32-112 after the three-consumer switch-over moved (23bd5da):
@@ -497,7 +514,10 @@ def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
 # faster (the set's other 2048 calls 0.95-1.04), and two with the LSE above it, 2 x 40 / 20 x
 # 2176^2 at D=192 and 144, the kernel 7-9 % slower (cuDNN runs multiples of 128 best; at 2112 and
 # 2240 the same calls ran 0.95-1.03); on the H200 (2048, ef638f6) one call under it, 4 x 32 / 8 x
-# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06); and causal calls
+# 1792^2 at D=176, the kernel 7 % faster (the set's other 1792 calls 0.98-1.06); its limits since
+# (1920, 3 x 2^26 pairs) on the check after (8da278a): 1 x 48 / 16, whose cuDNN time jumps between
+# lengths, handed over at 1984 (under the pair limit) with the kernel at 0.90-0.94 of SDPA's time
+# (D=184, 136; LSE D=184) and kept at 2048 (3 x 2^26 exactly) with cuDNN 6-10 % faster (D=160); and causal calls
 # under the pair limits on the H200 (its causal limits checked at 5a7acc2 are the H100's): 1 x 5 x
 # 10240^2 (2^28.97, under 2^29 from 6144 keys) and 2 x 16 x 4608^2 at D=128 (2^29.34, under
 # 3 x 2^28), 2 x 40 x 3072^2 at D=96 (2^29.49), handed over with the kernel at 0.94, 0.93 and 0.92
@@ -511,6 +531,11 @@ ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-shor
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa-check", (1, 64, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-lse-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short", (4, 32, 1792, 1792, 176, False)): 1.08,
+              ("2026-11-27-NVIDIA_H200-8da278a-crossover-wide-gqa-2048", (1, 48, 1984, 1984, 184, False)): 1.12,
+              ("2026-11-27-NVIDIA_H200-8da278a-crossover-wide-gqa-2048", (1, 48, 1984, 1984, 136, False)): 1.10,
+              ("2026-11-27-NVIDIA_H200-8da278a-crossover-wide-gqa-2048", (1, 48, 2048, 2048, 160, False)): 1.07,
+              ("2026-11-27-NVIDIA_H200-8da278a-crossover-lse-wide-gqa-2048", (1, 48, 1984, 1984, 184, False)): 1.07,
+              ("2026-11-27-NVIDIA_H200-8da278a-crossover-lse-wide-gqa-2048", (1, 48, 2048, 2048, 160, False)): 1.10,
               ("2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-long", (1, 5, 10240, 10240, 128, True)): 1.07,
               ("2026-11-28-NVIDIA_H200-5a7acc2-crossover-causal-pairs-check", (2, 16, 4608, 4608, 128, True)): 1.08,
               ("2026-11-28-NVIDIA_H200-5a7acc2-crossover-padded-causal-check", (2, 40, 3072, 3072, 96, True)): 1.09}
@@ -586,6 +611,7 @@ LSE_RUNS = {"2026-11-24-NVIDIA_H100_80GB_HBM3-abe33cf-crossover-lse-square": 48,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-short-check": 27,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-edge-check": 27,
             "2026-11-27-NVIDIA_H200-ef638f6-crossover-lse-wide-gqa-2112": 27,
+            "2026-11-27-NVIDIA_H200-8da278a-crossover-lse-wide-gqa-2048": 36,
             # causal at head dims 32-112 after the three-consumer switch-over moved
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal": 17,
             "2026-11-27-NVIDIA_H100_80GB_HBM3-bae882e-crossover-lse-padded-causal-check": 7,
@@ -878,6 +904,7 @@ def test_main_module_states_the_pair_limits_as_set():
     # the H200's row writes the same causal limits as the H100's
     h200 = hand_over_text(dispatch.H200_SM90)
     assert "causal 3*2^28, from 6144 keys at D <= 128 2^29" in h200 and "3072 at 64 < D < 128" in h200
+    assert "per K/V head 1920, causal 4096, and 3*2^26; causal calls there at least the causal limits" in h200
 
 
 def _short_route(monkeypatch):

@@ -1,5 +1,5 @@
-"""bench/bench.py's timing order, bench/power.py's energy arithmetic and the test suite's
-``--shard`` option for device calls (no GPU needed)."""
+"""bench/bench.py's timing order, bench/power.py's energy arithmetic, the test suite's
+``--shard`` option for device calls and bench/route_check.py's costs (no GPU needed)."""
 
 import importlib.util
 import os
@@ -409,3 +409,49 @@ def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
     for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
         with pytest.raises(pytest.UsageError, match="--shard must be I/N"):
             conftest._shard(Config(bad), list(names))
+
+
+_rspec = importlib.util.spec_from_file_location("route_check", Path(__file__).resolve().parent.parent / "bench" / "route_check.py")
+route_check = importlib.util.module_from_spec(_rspec)
+_rspec.loader.exec_module(route_check)
+
+
+def _crossover_run(tmp_path, monkeypatch, rows, device="NVIDIA H100 80GB HBM3"):
+    """A crossover.py JSON in a stand-in results folder: rows of (b, h, n, d, causal, lse, kernel,
+    cudnn, flash) µs."""
+    import json
+
+    recs = [{"b": b, "h": h, "hkv": h, "nq": n, "nk": n, "d": d, "causal": c, "lse": lse,
+             "us": {"kernel": k, "sdpa_cudnn": cu, "sdpa_flash": fl}} for b, h, n, d, c, lse, k, cu, fl in rows]
+    (tmp_path / "run-crossover-x.json").write_text(json.dumps({"device": device, "date": "", "commit": "", "rows": recs}))
+    monkeypatch.setattr(route_check, "RESULTS", tmp_path)
+
+
+def test_route_check_costs_each_call_on_its_route(tmp_path, monkeypatch, capsys):
+    # 4 x 32 x 1024^2 is short on the H100 (L < 2048): SDPA's faster backend (flash here, 90 µs)
+    # against the kernel's 60 is a cost of 1.5; 4 x 32 x 4096^2 runs the kernel, 100 against
+    # cuDNN's 103: the faster side, cost 1; with the LSE only cuDNN counts (the kernel is kept)
+    _crossover_run(tmp_path, monkeypatch, [(4, 32, 1024, 128, False, False, 60.0, 95.0, 90.0),
+                                           (4, 32, 4096, 128, False, False, 100.0, 103.0, 300.0),
+                                           (4, 32, 4096, 128, False, True, 100.0, 97.0, 50.0)])
+    route_check.main(["run-crossover-*", "--list"])
+    out = capsys.readouterr().out
+    assert "x 1024 x 1024 D=128 causal=0 -> SDPA, kernel / SDPA 0.667, cost 1.500" in out
+    assert "all: 3 calls, 1 more than 6 % off, worst 1.500, mean excess 17.70 %" in out
+    # --set replaces limits (a value may be an expression); --only keeps some rows. The length
+    # alone does not keep the 1024 call: 2^27 pairs is under the pair limit too
+    route_check.main(["run-crossover-x", "--set", "length=1024", "--only", "not lse"])
+    assert "all: 2 calls, 1 more than 6 % off, worst 1.500, mean excess 25.00 %" in capsys.readouterr().out
+    route_check.main(["run-crossover-x", "--set", "length=1024", "pairs=2**27", "--only", "not lse"])
+    assert "all: 2 calls, 0 more than 6 % off, worst 1.000, mean excess 0.00 %" in capsys.readouterr().out
+
+
+def test_route_check_refuses_an_unknown_limit_and_a_missing_run(tmp_path, monkeypatch):
+    _crossover_run(tmp_path, monkeypatch, [(4, 32, 1024, 128, False, False, 60.0, 95.0, 90.0)])
+    with pytest.raises(SystemExit, match="FIELD one of head_dim_above"):
+        route_check.main(["run-crossover-x", "--set", "lenght=1024"])
+    with pytest.raises(SystemExit, match="no run matches"):
+        route_check.main(["nothing-*"])
+    _crossover_run(tmp_path, monkeypatch, [(4, 32, 1024, 128, False, False, 60.0, 95.0, 90.0)], device="Tesla T4")
+    with pytest.raises(SystemExit, match="no sm90 hand-over row"):
+        route_check.main(["run-crossover-x"])

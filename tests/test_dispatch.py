@@ -285,7 +285,7 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (LIMITS, _dims(1, 32, 3072, 3072, 192), False, False, True),
     (LIMITS, _dims(1, 16, 3072, 3072, 192, hkv=2), False, False, True),  # 2^27.2 pairs
     (LIMITS, _dims(4, 32, 2048, 2048, 192, hkv=8), False, False, True),  # non-causal L: length_192_gqa 3072
-    (LIMITS._replace(length_192_gqa=2048), _dims(4, 32, 2048, 2048, 192, hkv=8), False, False, False),  # the H200's until c77a248
+    (LIMITS._replace(length_192_gqa=2048), _dims(4, 32, 2048, 2048, 192, hkv=8), False, False, False),  # H200 <c77a248
     (LIMITS._replace(length_192_gqa=2048), _dims(4, 32, 2048, 2048, 160, hkv=16), False, False, False),
     (LIMITS._replace(length_192_gqa=2048), _dims(4, 32, 1792, 1792, 192, hkv=8), False, False, True),
     (LIMITS._replace(length_192_gqa=2048), _dims(4, 32, 2048, 2048, 192), False, False, True),  # no GQA: 3072
@@ -402,7 +402,8 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     # and two more around the lengths it moved to (2176, then 2112; now 2080)
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-wide-gqa-edge-check": 27,
                     "2026-11-27-NVIDIA_H100_80GB_HBM3-a440fbd-crossover-wide-gqa-2112": 27,
-                    # the H200 after the column-pair stores (ef638f6): its length_192_gqa set on these (2048; 1920 since, with the check after)
+                    # the H200 after the column-pair stores (ef638f6): its length_192_gqa set on these
+                    # (2048; 1920 since, with the check after)
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short": 36,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-short-check": 27,
                     "2026-11-27-NVIDIA_H200-ef638f6-crossover-wide-gqa-edge-check": 27,

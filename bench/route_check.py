@@ -47,9 +47,10 @@ def limits_for(device: str, replace: dict):
     return lim._replace(**replace) if replace else lim
 
 
-def route(run: dict, r: dict, limits) -> tuple[bool, float, float]:
-    """(handed to SDPA, SDPA's time, the kernel's time) for a recorded row."""
-    lse = bool(r.get("lse"))
+def route(r: dict, limits, lse: bool) -> tuple[bool, float, float]:
+    """(handed to SDPA by ``limits``, SDPA's time, the kernel's time) for a row of a recorded run
+    (``lse``: one made with --lse): SDPA's time is cuDNN's with the LSE, where sageattn sends those
+    calls, else the faster backend's. tests/test_dispatch.py holds the recorded runs with it."""
     us = r["us"]
     sdpa = us["sdpa_cudnn"] if lse else min(us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us)
     dims = Dims(r["b"], r["h"], r.get("hkv") or r["h"], r["nq"], r["nk"], r["d"])
@@ -82,7 +83,7 @@ def main(argv=None) -> None:
                 continue
             if "sdpa_cudnn" not in r["us"]:
                 continue  # a head dim cuDNN refused: the kernel's call either way
-            go, sdpa, kernel = route(run, r, limits)
+            go, sdpa, kernel = route(r, limits, names["lse"])
             cost = (sdpa if go else kernel) / min(sdpa, kernel)
             stats[0] += 1
             stats[1] += cost > TIE

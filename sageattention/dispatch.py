@@ -217,13 +217,12 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: first two with the LSE too; the causal limits of the three-consumer kernel on the five sets
 #: they were set and checked on, with and without the LSE, 132 calls:
 #: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for two
-#: (``length_192_gqa`` and ``pairs_192_gqa``, below). Until that causal run the H200 kept the H100's causal limits from
-#: before the switch-over moved (3584 at head dims 65-127, 2^30 pairs): 45 of the 132 calls went
-#: more than 6 % from their faster side, the kernel up to 28 % faster (8 x 32 / 8 x 3072^2 causal at
-#: D=96 handed over: 0.72 of cuDNN's time); with the H100's limits 3, the worst 8.7 % (2 x 40 x
-#: 3072^2 causal at D=96, handed over with the kernel at 0.92). Its memory (4.8 TB/s against
-#: 3.35) makes the
-#: quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
+#: (``length_192_gqa`` and ``pairs_192_gqa``, below). Until that causal run the H200 kept the
+#: H100's causal limits from before the switch-over moved (3584 at head dims 65-127, 2^30 pairs):
+#: 45 of the 132 calls went more than 6 % from their faster side, the kernel up to 28 % faster
+#: (8 x 32 / 8 x 3072^2 causal at D=96 handed over: 0.72 of cuDNN's time); with the H100's limits
+#: 3, the worst 8.7 % (2 x 40 x 3072^2 causal at D=96, handed over with the kernel at 0.92).
+#: Its memory (4.8 TB/s against 3.35) makes the quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
 #: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
 #: the H100. Measured after the column-pair stores at D 129-191 (79a6f1a), at ef638f6
 #: (…-NVIDIA_H200-ef638f6-crossover-wide-gqa-short.md, -short-check, -edge-check and -2112, each
@@ -244,8 +243,9 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: 2048 and 2^28 (worst: 3 x 40 / 10 x 1984^2 at D=184 handed over, kernel 0.81 of SDPA's time),
 #: 6 with these (1 x 48 / 16 at 1984 and 2048, where cuDNN's time jumps between lengths: kernel
 #: 0.90-0.94 handed over at 1984, 1.06-1.10 kept at 2048 with D=160; and 4 x 32 / 8 x 1792^2 at
-#: D=176, 0.93); mean time over the faster side's 1.17 % → 0.32 %. A check on other head counts
-#: and lengths (1792-2048) is the next run to make (``crossover.py --set wide-gqa-1920-check``).
+#: D=176, 0.93); mean excess over the faster side's time 1.17 % → 0.32 % (bench/route_check.py,
+#: …-CPU-c77a248-route-check.md). A check on other head counts and lengths (1792-2048) is the next
+#: run to make (``crossover.py --set wide-gqa-1920-check``).
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26)
 

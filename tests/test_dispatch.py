@@ -1,5 +1,6 @@
 """Dispatch decisions, with GPU capabilities and kernel availability faked (no GPU needed)."""
 
+import importlib.util
 import json
 import sys
 import warnings
@@ -554,15 +555,15 @@ def _shape(r: dict) -> tuple:
     return r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"]
 
 
+_rspec = importlib.util.spec_from_file_location("route_check", Path(__file__).resolve().parent.parent / "bench" / "route_check.py")
+route_check = importlib.util.module_from_spec(_rspec)
+_rspec.loader.exec_module(route_check)
+
+
 def _routed(run: dict, r: dict, lse: bool):
     """(whether today's limits hand the row to SDPA, SDPA's time, the kernel's time) for a row of a
-    recorded run: SDPA's time is cuDNN's with the LSE (where sageattn sends those calls), else
-    the faster backend's."""
-    us = r["us"]
-    sdpa = us["sdpa_cudnn"] if lse else min(us[n] for n in ("sdpa_cudnn", "sdpa_flash") if n in us)
-    go = dispatch.goes_to_sdpa(_limits_of(run), _dims(r["b"], r["h"], r["nq"], r["nk"], r["d"], r.get("hkv")),
-                               r["causal"], lse)
-    return go, sdpa, us["kernel"]
+    recorded run, as bench/route_check.py weighs candidate limits."""
+    return route_check.route(r, _limits_of(run), lse)
 
 
 @pytest.mark.parametrize("run", sorted(ROUTED_RUNS))

@@ -26,7 +26,8 @@ head) and ``wide-gqa-check`` other GQA shapes to test them on (2, 7 and 8 per K/
 around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
 ``wide-gqa-edge-check`` others around 2176, ``wide-gqa-2112`` around 2112 and ``wide-gqa-2048``
 around 2048 (the H200's, since the pair stores), ``wide-gqa-1920-check`` other groups and
-head dims around 1920 (the H200's, set without a run of its own); ``odd-dims`` head dims that are
+head dims around 1920 (the H200's, set without a run of its own), ``wide-gqa-1856-check`` others
+around 1856 (the H200's, set on that check and the six before it); ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -122,6 +123,12 @@ WIDE_GQA_2048 = [(b, h, hkv, n, n, d, False) for d in (184, 160, 136)
 # 4, 7, 2 and 4 query heads per K/V head, D 152, 168, 192, N 1792-2048 (2^26-2^30 pairs)
 WIDE_GQA_1920_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 168, 152)
                        for b, h, hkv in ((4, 24, 6), (2, 56, 8), (1, 64, 32), (8, 16, 4)) for n in (1792, 1856, 1920, 2048)]
+# the H200's length_192_gqa moved to 1856 on the union of that check and the six sets before it;
+# checked on groups, head dims and lengths none of them had: 8, 8, 4 and 8 query heads per K/V
+# head with 96, 80, 96 and 56 of them, D 192, 176, 144, N 1824-1984 (1 x 56 / 7 from 1984 only by
+# the pair limit)
+WIDE_GQA_1856_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 176, 144)
+                       for b, h, hkv in ((3, 32, 4), (1, 80, 10), (2, 48, 12), (1, 56, 7)) for n in (1824, 1856, 1888, 1984)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -200,6 +207,7 @@ SETS = {
     "wide-gqa-2112": WIDE_GQA_2112,
     "wide-gqa-2048": WIDE_GQA_2048,
     "wide-gqa-1920-check": WIDE_GQA_1920_CHECK,
+    "wide-gqa-1856-check": WIDE_GQA_1856_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

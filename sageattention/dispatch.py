@@ -247,7 +247,7 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: …-CPU-c77a248-route-check.md). A check on other head counts and lengths (1792-2048) is the next
 #: run to make (``crossover.py --set wide-gqa-1920-check``).
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=1920, pairs_192_gqa=3 << 26)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=1856, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H

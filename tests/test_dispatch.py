@@ -97,7 +97,7 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
-    keeps from N=1920 and 3 x 2^26 pairs (the H100 from 2080 and 2^28; both measured after the
+    keeps from N=1856 and 3 x 2^26 pairs (the H100 from 2080 and 2^28; both measured after the
     column-pair stores), below the limits of head dims up to 128. The causal
     limits of the three-consumer kernel (3072 at head dims 65-127, 3 x 2^28 pairs, 2^29 from 6144
     keys) were checked on the H200 at 5a7acc2 and are the H100's; the other kernels keep those
@@ -105,7 +105,7 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
     assert diff == {"length_192_gqa", "pairs_192_gqa"}
-    assert (dispatch.H200_SM90.length_192_gqa, dispatch.H200_SM90.pairs_192_gqa) == (1920, 3 << 26)
+    assert (dispatch.H200_SM90.length_192_gqa, dispatch.H200_SM90.pairs_192_gqa) == (1856, 3 << 26)
     for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
                             ("pairs_causal_long", 1 << 29, 1 << 30)):
         assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (sm90, sm90)
@@ -906,7 +906,7 @@ def test_main_module_states_the_pair_limits_as_set():
     # the H200's row writes the same causal limits as the H100's
     h200 = hand_over_text(dispatch.H200_SM90)
     assert "causal 3*2^28, from 6144 keys at D <= 128 2^29" in h200 and "3072 at 64 < D < 128" in h200
-    assert "per K/V head 1920, causal 4096, and 3*2^26; causal calls there at least the causal limits" in h200
+    assert "per K/V head 1856, causal 4096, and 3*2^26; causal calls there at least the causal limits" in h200
 
 
 def _short_route(monkeypatch):

@@ -27,7 +27,8 @@ around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
 ``wide-gqa-edge-check`` others around 2176, ``wide-gqa-2112`` around 2112 and ``wide-gqa-2048``
 around 2048 (the H200's, since the pair stores), ``wide-gqa-1920-check`` other groups and
 head dims around 1920 (the H200's, set without a run of its own), ``wide-gqa-1856-check`` others
-around 1856 (the H200's, set on that check and the six before it); ``odd-dims`` head dims that are
+around 1856 (the H200's, set on that check and the six before it), ``wide-gqa-below`` a ladder
+of shorter lengths (1280-1664) and ``wide-gqa-below-check`` other calls between them; ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -129,6 +130,14 @@ WIDE_GQA_1920_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 168, 152)
 # the pair limit)
 WIDE_GQA_1856_CHECK = [(b, h, hkv, n, n, d, False) for d in (192, 176, 144)
                        for b, h, hkv in ((3, 32, 4), (1, 80, 10), (2, 48, 12), (1, 56, 7)) for n in (1824, 1856, 1888, 1984)]
+# every check of the H200's non-causal GQA length at head dims 129-192 found the kernel faster
+# below it, down to the shortest length measured (1792, 1824): a ladder below (4, 8, 8 and 4 query
+# heads per K/V head, 96-192 of them, D 192, 160, 136, N 1280-1664), and calls between its lengths
+# on other groups and head dims to check a limit set on it (1344-1728; 8, 8, 8, 9 per K/V head)
+WIDE_GQA_BELOW = [(b, h, hkv, n, n, d, False) for d in (192, 160, 136)
+                  for b, h, hkv in ((4, 32, 8), (2, 64, 8), (8, 24, 3), (1, 96, 24)) for n in (1280, 1408, 1536, 1664)]
+WIDE_GQA_BELOW_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 168, 144)
+                        for b, h, hkv in ((3, 40, 5), (1, 112, 14), (6, 16, 2), (2, 36, 4)) for n in (1344, 1472, 1600, 1728)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -208,6 +217,8 @@ SETS = {
     "wide-gqa-2048": WIDE_GQA_2048,
     "wide-gqa-1920-check": WIDE_GQA_1920_CHECK,
     "wide-gqa-1856-check": WIDE_GQA_1856_CHECK,
+    "wide-gqa-below": WIDE_GQA_BELOW,
+    "wide-gqa-below-check": WIDE_GQA_BELOW_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

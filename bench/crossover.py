@@ -28,7 +28,9 @@ around the H100's (2304, since the kernel's column-pair stores; 2176 after it),
 around 2048 (the H200's, since the pair stores), ``wide-gqa-1920-check`` other groups and
 head dims around 1920 (the H200's, set without a run of its own), ``wide-gqa-1856-check`` others
 around 1856 (the H200's, set on that check and the six before it), ``wide-gqa-below`` a ladder
-of shorter lengths (1280-1664) and ``wide-gqa-below-check`` other calls between them; ``odd-dims`` head dims that are
+of shorter lengths (1280-1664) and ``wide-gqa-below-check`` other calls between them,
+``wide-gqa-aligned-check`` lengths that are multiples of 128 and others around the H200's two
+lengths since (1344, and 1664 for multiples of 128); ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -138,6 +140,15 @@ WIDE_GQA_BELOW = [(b, h, hkv, n, n, d, False) for d in (192, 160, 136)
                   for b, h, hkv in ((4, 32, 8), (2, 64, 8), (8, 24, 3), (1, 96, 24)) for n in (1280, 1408, 1536, 1664)]
 WIDE_GQA_BELOW_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 168, 144)
                         for b, h, hkv in ((3, 40, 5), (1, 112, 14), (6, 16, 2), (2, 36, 4)) for n in (1344, 1472, 1600, 1728)]
+# the check above found the kernel faster at every length it had, all odd multiples of 64, where the
+# ladder (multiples of 128) had it slower up to 1536-1664: cuDNN runs lengths that are multiples of
+# its 128-row tile best. The H200's limits since: 1344, and 1664 where both lengths are multiples of
+# 128 (HandOver.length_192_gqa_aligned), set on all the sets above; checked on groups and lengths
+# none had (4, 8, 8, 4 query heads per K/V head with 160, 144, 192, 128 of them; D 184 and 144;
+# 1216-1568 not multiples of 128, 1408-1792 multiples)
+WIDE_GQA_ALIGNED_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 144)
+                          for b, h, hkv in ((4, 40, 10), (2, 72, 9), (6, 32, 4), (1, 128, 32))
+                          for n in (1216, 1312, 1440, 1568, 1408, 1536, 1664, 1792)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -219,6 +230,7 @@ SETS = {
     "wide-gqa-1856-check": WIDE_GQA_1856_CHECK,
     "wide-gqa-below": WIDE_GQA_BELOW,
     "wide-gqa-below-check": WIDE_GQA_BELOW_CHECK,
+    "wide-gqa-aligned-check": WIDE_GQA_ALIGNED_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -84,7 +84,10 @@ class HandOver(NamedTuple):
     ``length_causal_192``. Non-causal calls at head dims 129-192 take ``length_192`` (``_gqa``)
     and ``pairs_192`` (``_gqa``) as they are, which may be below ``length`` and ``pairs`` (the
     H200's GQA calls there, where its kernel passes cuDNN from shorter calls than at D=128);
-    causal calls there take the larger of those and the causal limits.
+    non-causal GQA calls there whose query and key lengths are both multiples of
+    :data:`CUDNN_TILE` take at least ``length_192_gqa_aligned`` (cuDNN runs those lengths
+    best, so the kernel passes it later there); causal calls there take the larger of those and
+    the causal limits.
     Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
     padded, slower than the kernel at every measured size (:func:`goes_to_sdpa`).
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -104,6 +107,7 @@ class HandOver(NamedTuple):
     length_192_gqa: int
     length_causal_192_gqa: int
     pairs_192_gqa: int
+    length_192_gqa_aligned: int
     pairs: int
     pairs_causal: int
     pairs_causal_gqa: int
@@ -111,6 +115,12 @@ class HandOver(NamedTuple):
     pairs_causal_long: int
     lse_head_dim: int
 
+
+#: The query and key tile of cuDNN's attention: lengths that are multiples of it run at its best
+#: rate (4 x 16 / 2 at D=192 on the H100: 407.5 µs at 2112, 393.8 at 2176, 442.0 at 2240;
+#: …-f8ee2e6-crossover-wide-gqa-edge-check.md), others up to ~20 % slower per pair
+#: (HandOver.length_192_gqa_aligned).
+CUDNN_TILE = 128
 
 #: Query heads per K/V head from which causal calls take HandOver.pairs_causal_gqa (4 until the
 #: ``gqa-small`` set measured 2 and 3, …-8e86603-crossover-padded-gqa-small.md).
@@ -202,6 +212,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
+                      length_192_gqa_aligned=2080,
                       pairs=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29,
                       length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
@@ -247,7 +258,7 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: …-CPU-c77a248-route-check.md). A check on other head counts and lengths (1792-2048) is the next
 #: run to make (``crossover.py --set wide-gqa-1920-check``).
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=1856, pairs_192_gqa=3 << 26)
+H200_SM90 = GH100_SM90._replace(length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H
@@ -485,6 +496,8 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
         else:  # as they are: the H200's GQA limits are below those of head dims up to 128
             length = lim.length_192_gqa if gqa else lim.length_192
             pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
+            if gqa and len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0:
+                length = max(length, lim.length_192_gqa_aligned)
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)

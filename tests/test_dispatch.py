@@ -104,8 +104,9 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     from before the switch-over moved (3584, 2^30), which neither GPU measured again. Without
     the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa", "pairs_192_gqa"}
-    assert (dispatch.H200_SM90.length_192_gqa, dispatch.H200_SM90.pairs_192_gqa) == (1856, 3 << 26)
+    assert diff == {"length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
+    h200 = dispatch.H200_SM90
+    assert (h200.length_192_gqa, h200.length_192_gqa_aligned, h200.pairs_192_gqa) == (1344, 1664, 3 << 26)
     for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
                             ("pairs_causal_long", 1 << 29, 1 << 30)):
         assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (sm90, sm90)
@@ -151,6 +152,7 @@ LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, 
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
+                           length_192_gqa_aligned=3072,
                            pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29,
                            length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=128)
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these

@@ -53,6 +53,8 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
     two lines, the limits and the return_lse rule."""
     wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
     g = dispatch.GQA_GROUP
+    aligned = (f" ({s.length_192_gqa_aligned} where Nq and Nk are multiples of {dispatch.CUDNN_TILE})"
+               if s.length_192_gqa_aligned > s.length_192_gqa else "")
     long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
                   if s.pairs_causal_long < s.pairs_causal else "")
     return (f"  to SDPA (cuDNN first): {wide}"
@@ -60,7 +62,7 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
             f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
             f"{s.length_causal_padded} at 64 < D < 128), {s.length_192} at 128 < D <= 192 (causal "
             f"{s.length_causal_192}, and B*H*Nq*Nk below {_count(s.pairs_192)}; with "
-            f"{g} or more query heads per K/V head {s.length_192_gqa}, causal "
+            f"{g} or more query heads per K/V head {s.length_192_gqa}{aligned}, causal "
             f"{s.length_causal_192_gqa}, and {_count(s.pairs_192_gqa)}; causal calls there at least "
             "the causal limits below), "
             f"{s.length_padded} at 192 < D < 256 causal or not, "

@@ -233,30 +233,30 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: 45 of the 132 calls went more than 6 % from their faster side, the kernel up to 28 % faster
 #: (8 x 32 / 8 x 3072^2 causal at D=96 handed over: 0.72 of cuDNN's time); with the H100's limits
 #: 3, the worst 8.7 % (2 x 40 x 3072^2 causal at D=96, handed over with the kernel at 0.92).
-#: Its memory (4.8 TB/s against 3.35) makes the quantization cheaper, and with GQA the kernel reads K and V of fewer heads: non-causal calls
-#: at head dims 129-192 with 2 or more query heads per K/V head cross at shorter lengths than on
-#: the H100. Measured after the column-pair stores at D 129-191 (79a6f1a), at ef638f6
-#: (…-NVIDIA_H200-ef638f6-crossover-wide-gqa-short.md, -short-check, -edge-check and -2112, each
-#: with its LSE twin; 2 to 8 query heads per K/V head, D 136-192): at N=2048 the kernel took
-#: 0.89-0.98 of the faster SDPA's time (LSE 0.91-1.03), at 2080-2304 0.75-1.00 (LSE 0.79-1.04;
-#: the worst at 2176, a multiple of 128, which cuDNN runs best), at 1792 0.93-1.06 (LSE
-#: 0.99-1.10): ``length_192_gqa`` 2048, the ``length`` of head dims up to 128 (32 keys below
-#: the H100's 2080); the one call it hands over more than 6 % from its faster side is 4 x 32 / 8
-#: x 1792^2 at D=176, the kernel 7 % faster. (Before the pair stores the H200 kept these calls
-#: from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.) A check after on other
-#: groups (…-NVIDIA_H200-8da278a-crossover-wide-gqa-2048.md; 2 x 32 / 4, 1 x 48 / 16, 3 x 40 / 10
-#: at D 136, 160, 184, N 1920-2112) put the crossover lower still: 12 of its 24 calls handed over
-#: ran 8-24 % faster in the kernel, which the limits could not express then (at head dims 129-192
-#: they only raised ``length`` and ``pairs``; non-causal calls there take their own since).
-#: Set on the union of those six runs with their LSE twins (306 non-causal GQA calls at head dims
-#: 136-192), without a run of its own: ``length_192_gqa`` 1920 and ``pairs_192_gqa`` 3 x 2^26
-#: (2^27.58; 1 x 48 / 16 x 2048^2 exactly). Calls more than 6 % from their faster side: 22 with
-#: 2048 and 2^28 (worst: 3 x 40 / 10 x 1984^2 at D=184 handed over, kernel 0.81 of SDPA's time),
-#: 6 with these (1 x 48 / 16 at 1984 and 2048, where cuDNN's time jumps between lengths: kernel
-#: 0.90-0.94 handed over at 1984, 1.06-1.10 kept at 2048 with D=160; and 4 x 32 / 8 x 1792^2 at
-#: D=176, 0.93); mean excess over the faster side's time 1.17 % → 0.32 % (bench/route_check.py,
-#: …-CPU-c77a248-route-check.md). A check on other head counts and lengths (1792-2048) is the next
-#: run to make (``crossover.py --set wide-gqa-1920-check``).
+#: Its memory (4.8 TB/s against 3.35) makes the quantization cheaper, and with GQA the kernel
+#: reads K and V of fewer heads: non-causal calls at head dims 129-192 with 2 or more query heads
+#: per K/V head cross at shorter lengths than on the H100, and where they cross moves by ±10 % with
+#: the head count, the head dim and whether the lengths are multiples of cuDNN's 128-row tile
+#: (:data:`CUDNN_TILE`). After the column-pair stores at D 129-191 (79a6f1a) each check found the
+#: crossover below the limit it checked: 2048 (set on ef638f6's four sets, checked by 8da278a's),
+#: 1920 (…-506c02d-crossover-wide-gqa-1920-check.md), 1856 (…-3bf4edb-…-1856-check.md). A
+#: ladder of multiples of 128 (…-80adc06-crossover-wide-gqa-below.md: 96-192 heads, D 136-192)
+#: put it between 1408
+#: and past 1664 (kernel / SDPA 0.87-1.06 at 1664), while lengths between multiples of 128 ran
+#: 0.79-1.03 in the kernel from 1344 (its check, …-wide-gqa-below-check.md): cuDNN's time per
+#: pair is 12-20 % worse there (1440 and 1568 against 1408 and 1536 on the same heads, in the
+#: check below). Hence ``length_192_gqa`` 1344 and ``length_192_gqa_aligned`` 1664
+#: (Nq and Nk both multiples of 128), ``pairs_192_gqa`` 3 x 2^26 (since c77a248; 1 x 48 / 16 x
+#: 2048^2 exactly). Checked after on 64 calls none of those had (…-b57d29c-crossover-wide-gqa-
+#: aligned-check.md: 128-192 heads, D 184 and 144, N 1216-1792): 13 more than 6 % from their
+#: faster side, all handed over with the kernel 6-17 % faster (128 heads or more at 1216-1312,
+#: and at D=184 the multiples of 128 at 1408-1536); 41 with 1856. Over all 706 calls of the 18
+#: runs since the pair stores the calls cost 1.03 % over their faster side's time on average, 53
+#: more than 6 % off, worst 1.21 (1 x 64 / 32 x 1792^2 at D=192 with the LSE, kept); 1920 gave
+#: 3.44 %, 167 and 1.28 (…-CPU-b57d29c-route-check.md; held by tests/test_dispatch.py,
+#: H200_GQA_192_RUNS). Not moved after that check, which would set them on the run that checks
+#: them; calls of many heads under 1344 were not measured. (Before the pair stores the H200 kept
+#: these calls from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.)
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 

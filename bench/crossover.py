@@ -30,7 +30,9 @@ head dims around 1920 (the H200's, set without a run of its own), ``wide-gqa-185
 around 1856 (the H200's, set on that check and the six before it), ``wide-gqa-below`` a ladder
 of shorter lengths (1280-1664) and ``wide-gqa-below-check`` other calls between them,
 ``wide-gqa-aligned-check`` lengths that are multiples of 128 and others around the H200's two
-lengths since (1344, and 1664 for multiples of 128); ``odd-dims`` head dims that are
+lengths since (1344, and 1664 for multiples of 128); ``unaligned`` and ``unaligned-causal`` head
+dims 64 and 128 at lengths between multiples of 128 beside the multiples around their limits
+(whose ladders had only multiples of 128); ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -149,6 +151,17 @@ WIDE_GQA_BELOW_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 168, 144)
 WIDE_GQA_ALIGNED_CHECK = [(b, h, hkv, n, n, d, False) for d in (184, 144)
                           for b, h, hkv in ((4, 40, 10), (2, 72, 9), (6, 32, 4), (1, 128, 32))
                           for n in (1216, 1312, 1440, 1568, 1408, 1536, 1664, 1792)]
+# cuDNN's time per pair is 12-20 % higher at lengths that are not multiples of its 128-row tile
+# (``wide-gqa-aligned-check``), and the limits at head dims up to 128 were set on ladders of
+# multiples of 128 and 256 only (every recorded row at D <= 128 but 64 queries on 4096 keys): the same
+# split should move their crossover too. Lengths between multiples of 128 (odd multiples of 64 and
+# 32) beside the multiples around ``length`` (2048), causal around ``length_causal`` (3072) and
+# ``length_causal_d64`` (4096); as many K/V heads as query heads, and 4 per K/V head
+UNALIGNED = [(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hkv in ((4, 32, 32), (1, 32, 32), (4, 32, 8))
+             for n in (1344, 1472, 1536, 1600, 1728, 1792, 1856, 1984, 2048, 2112)]
+UNALIGNED_CAUSAL = [(b, h, hkv, n, n, d, True) for d, ns in ((128, (2560, 2624, 2880, 3072, 3136)),
+                                                             (64, (3584, 3648, 3904, 4096, 4160)))
+                    for b, h, hkv in ((4, 32, 32), (1, 32, 32), (4, 32, 8)) for n in ns]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -231,6 +244,8 @@ SETS = {
     "wide-gqa-below": WIDE_GQA_BELOW,
     "wide-gqa-below-check": WIDE_GQA_BELOW_CHECK,
     "wide-gqa-aligned-check": WIDE_GQA_ALIGNED_CHECK,
+    "unaligned": UNALIGNED,
+    "unaligned-causal": UNALIGNED_CAUSAL,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -1,7 +1,7 @@
 """Where a set of hand-over limits would send the calls of recorded crossover runs, and what that
 costs: no GPU, only bench/results/*crossover*.json (crossover.py's output).
 
-    python bench/route_check.py RUN [RUN ...] [--set FIELD=VALUE ...] [--only EXPR] [--list]
+    python bench/route_check.py RUN [RUN ...] [--set FIELD=VALUE ...] [--only EXPR] [--list] [--by-length]
 
 RUN: a file stem or glob under bench/results (``2026-11-28-NVIDIA_H200-5a7acc2-crossover-*``).
 Each run is routed by the limits of the GPU named in it (dispatch.hand_over_for, cuda_sm90), or
@@ -12,7 +12,9 @@ operator, where sageattn sends those calls (as tests/test_dispatch.py holds the 
 ``--only`` keeps the rows for which a Python expression over b, h, hkv, nq, nk, d, causal, lse
 and gqa is true (``"128 < d <= 192 and not causal and gqa"``). Prints per run and in all: calls,
 calls more than 6 % from their faster side, the worst, the mean excess; ``--list`` names the
-calls more than 6 % off.
+calls more than 6 % off; ``--by-length`` adds, for each key length, the kernel's time over SDPA's
+(not the route's cost: where the crossover lies, whatever the limits) over the rows kept, with the
+lengths that are multiples of cuDNN's tile (dispatch.CUDNN_TILE, Nq and Nk both) marked.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def main(argv=None) -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="replace these limits")
     ap.add_argument("--only", default="True", help="keep rows for which this expression is true")
     ap.add_argument("--list", action="store_true", help="name the calls more than 6 %% off")
+    ap.add_argument("--by-length", action="store_true",
+                    help="kernel / SDPA by key length (min, median, max), multiples of cuDNN's tile marked")
     args = ap.parse_args(argv)
     replace = {}
     for item in args.set:
@@ -71,6 +75,7 @@ def main(argv=None) -> None:
             sys.exit(f"--set {item!r}: want FIELD=VALUE with FIELD one of {', '.join(dispatch.HandOver._fields)}")
         replace[field] = int(eval(value, {"__builtins__": {}}))  # 3*2**26, 1<<28
     total = [0, 0, 1.0, 0.0]  # calls, off, worst, summed excess
+    by_length = {}  # (nk, on cuDNN's tile) -> [kernel / SDPA]
     for path in runs(args.runs):
         run = json.loads(path.read_text())
         limits = limits_for(run["device"], replace)
@@ -85,6 +90,8 @@ def main(argv=None) -> None:
                 continue  # a head dim cuDNN refused: the kernel's call either way
             go, sdpa, kernel = route(r, limits, names["lse"])
             cost = (sdpa if go else kernel) / min(sdpa, kernel)
+            tiled = r["nq"] % dispatch.CUDNN_TILE == 0 and r["nk"] % dispatch.CUDNN_TILE == 0
+            by_length.setdefault((r["nk"], tiled), []).append(kernel / sdpa)
             stats[0] += 1
             stats[1] += cost > TIE
             stats[2] = max(stats[2], cost)
@@ -102,6 +109,13 @@ def main(argv=None) -> None:
               f"mean excess {100 * total[3] / total[0]:.2f} %")
     else:
         print("no rows left by --only")
+    if args.by_length:
+        print(f"kernel / SDPA by key length ('*': Nq and Nk multiples of {dispatch.CUDNN_TILE}): "
+              "calls, min, median, max")
+        for (nk, tiled), ratios in sorted(by_length.items()):
+            ratios.sort()
+            print(f"  {nk:>6}{'*' if tiled else ' '} {len(ratios):>4}  {ratios[0]:.2f}  "
+                  f"{ratios[len(ratios) // 2]:.2f}  {ratios[-1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -446,6 +446,19 @@ def test_route_check_costs_each_call_on_its_route(tmp_path, monkeypatch, capsys)
     assert "all: 2 calls, 0 more than 6 % off, worst 1.000, mean excess 0.00 %" in capsys.readouterr().out
 
 
+def test_route_check_by_length_marks_cudnn_tile_lengths(tmp_path, monkeypatch, capsys):
+    # kernel / SDPA per key length, whatever the route: 1024 (a multiple of 128) twice, 0.5 and
+    # 1.0 (median of two: the upper), 1088 (not a multiple) once; --only applies
+    _crossover_run(tmp_path, monkeypatch, [(4, 32, 1024, 128, False, False, 45.0, 95.0, 90.0),
+                                           (1, 16, 1024, 128, False, False, 20.0, 25.0, 20.0),
+                                           (4, 32, 1088, 128, False, False, 80.0, 100.0, 110.0),
+                                           (4, 32, 1088, 128, False, True, 80.0, 40.0, 110.0)])
+    route_check.main(["run-crossover-x", "--by-length", "--only", "not lse"])
+    out = capsys.readouterr().out
+    # (the LSE row at 1088, 80 against cuDNN's 40, left out: one call there)
+    assert "    1024*    2  0.50  1.00  1.00" in out and "    1088     1  0.80  0.80  0.80" in out
+
+
 def test_route_check_refuses_an_unknown_limit_and_a_missing_run(tmp_path, monkeypatch):
     _crossover_run(tmp_path, monkeypatch, [(4, 32, 1024, 128, False, False, 60.0, 95.0, 90.0)])
     with pytest.raises(SystemExit, match="FIELD one of head_dim_above"):

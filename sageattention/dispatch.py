@@ -128,7 +128,7 @@ GQA_GROUP = 2
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
-#: GH200; the H200 takes H200_SM90 below, these but one limit), measured on an H100 beside SDPA
+#: GH200; the H200 takes H200_SM90 below, these but three limits), measured on an H100 beside SDPA
 #: with bench/crossover.py:
 #: - short calls (the ``square`` and ``rect`` sets,
 #:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
@@ -223,40 +223,40 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs_causal_long=1 << 30)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
-#: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims
-#: 129-192 …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the
-#: first two with the LSE too; the causal limits of the three-consumer kernel on the five sets
-#: they were set and checked on, with and without the LSE, 132 calls:
-#: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for two
-#: (``length_192_gqa`` and ``pairs_192_gqa``, below). Until that causal run the H200 kept the
-#: H100's causal limits from before the switch-over moved (3584 at head dims 65-127, 2^30 pairs):
-#: 45 of the 132 calls went more than 6 % from their faster side, the kernel up to 28 % faster
-#: (8 x 32 / 8 x 3072^2 causal at D=96 handed over: 0.72 of cuDNN's time); with the H100's limits
-#: 3, the worst 8.7 % (2 x 40 x 3072^2 causal at D=96, handed over with the kernel at 0.92).
-#: Its memory (4.8 TB/s against 3.35) makes the quantization cheaper, and with GQA the kernel
-#: reads K and V of fewer heads: non-causal calls at head dims 129-192 with 2 or more query heads
-#: per K/V head cross at shorter lengths than on the H100, and where they cross moves by ±10 % with
-#: the head count, the head dim and whether the lengths are multiples of cuDNN's 128-row tile
-#: (:data:`CUDNN_TILE`). After the column-pair stores at D 129-191 (79a6f1a) each check found the
-#: crossover below the limit it checked: 2048 (set on ef638f6's four sets, checked by 8da278a's),
-#: 1920 (…-506c02d-crossover-wide-gqa-1920-check.md), 1856 (…-3bf4edb-…-1856-check.md). A
-#: ladder of multiples of 128 (…-80adc06-crossover-wide-gqa-below.md: 96-192 heads, D 136-192)
-#: put it between 1408
-#: and past 1664 (kernel / SDPA 0.87-1.06 at 1664), while lengths between multiples of 128 ran
-#: 0.79-1.03 in the kernel from 1344 (its check, …-wide-gqa-below-check.md): cuDNN's time per
-#: pair is 12-20 % worse there (1440 and 1568 against 1408 and 1536 on the same heads, in the
-#: check below). Hence ``length_192_gqa`` 1344 and ``length_192_gqa_aligned`` 1664
-#: (Nq and Nk both multiples of 128), ``pairs_192_gqa`` 3 x 2^26 (since c77a248; 1 x 48 / 16 x
-#: 2048^2 exactly). Checked after on 64 calls none of those had (…-b57d29c-crossover-wide-gqa-
-#: aligned-check.md: 128-192 heads, D 184 and 144, N 1216-1792): 13 more than 6 % from their
-#: faster side, all handed over with the kernel 6-17 % faster (128 heads or more at 1216-1312,
-#: and at D=184 the multiples of 128 at 1408-1536); 41 with 1856. Over all 706 calls of the 18
-#: runs since the pair stores the calls cost 1.03 % over their faster side's time on average, 53
-#: more than 6 % off, worst 1.21 (1 x 64 / 32 x 1792^2 at D=192 with the LSE, kept); 1920 gave
-#: 3.44 %, 167 and 1.28 (…-CPU-b57d29c-route-check.md; held by tests/test_dispatch.py,
-#: H200_GQA_192_RUNS). Not moved after that check, which would set them on the run that checks
-#: them; calls of many heads under 1344 were not measured. (Before the pair stores the H200 kept
-#: these calls from 2560, …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.)
+#: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims 129-192
+#: …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the first two
+#: with the LSE too; the causal limits of the three-consumer kernel on the five sets they were
+#: set and checked on, with and without the LSE, 132 calls:
+#: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for three
+#: (``length_192_gqa``, ``length_192_gqa_aligned`` and ``pairs_192_gqa``, below). Until that
+#: causal run the H200 kept the H100's causal limits from before the switch-over moved (3584 at
+#: head dims 65-127, 2^30 pairs): 45 of the 132 calls went more than 6 % from their faster side,
+#: the kernel up to 28 % faster (8 x 32 / 8 x 3072^2 causal at D=96 handed over: 0.72 of cuDNN's
+#: time); with the H100's limits 3, the worst 8.7 % (2 x 40 x 3072^2 causal at D=96, handed over
+#: with the kernel at 0.92). Its memory (4.8 TB/s against 3.35) makes the quantization cheaper,
+#: and with GQA the kernel reads K and V of fewer heads: non-causal calls at head dims 129-192
+#: with 2 or more query heads per K/V head cross at shorter lengths than on the H100, and where
+#: they cross moves by ±10 % with the head count, the head dim and whether the lengths are
+#: multiples of cuDNN's 128-row tile (:data:`CUDNN_TILE`). After the column-pair stores at D
+#: 129-191 (79a6f1a) each check found the crossover below the limit it checked: 2048 (set on
+#: ef638f6's four sets, checked by 8da278a's), 1920 (…-506c02d-crossover-wide-gqa-1920-check.md),
+#: 1856 (…-3bf4edb-…-1856-check.md). A ladder of multiples of 128
+#: (…-80adc06-crossover-wide-gqa-below.md: 96-192 heads, D 136-192) put it between 1408 and past
+#: 1664 (kernel / SDPA 0.87-1.06 at 1664), while lengths between multiples of 128 ran 0.79-1.03
+#: in the kernel from 1344 (its check, …-wide-gqa-below-check.md): cuDNN's time per pair is 12-20
+#: % worse there (1440 and 1568 against 1408 and 1536 on the same heads, in the check below).
+#: Hence ``length_192_gqa`` 1344 and ``length_192_gqa_aligned`` 1664 (Nq and Nk both multiples of
+#: 128), ``pairs_192_gqa`` 3 x 2^26 (since c77a248; 1 x 48 / 16 x 2048^2 exactly). Checked after
+#: on 64 calls none of those had (…-b57d29c-crossover-wide-gqa-aligned-check.md: 128-192 heads, D
+#: 184 and 144, N 1216-1792): 13 more than 6 % from their faster side, all handed over with the
+#: kernel 6-17 % faster (128 heads or more at 1216-1312, and at D=184 the multiples of 128 at
+#: 1408-1536); 41 with 1856. Over all 706 calls of the 18 runs since the pair stores the calls
+#: cost 1.03 % over their faster side's time on average, 53 more than 6 % off, worst 1.21 (1 x 64
+#: / 32 x 1792^2 at D=192 with the LSE, kept); 1920 gave 3.44 %, 167 and 1.28
+#: (…-CPU-b57d29c-route-check.md; held by tests/test_dispatch.py, H200_GQA_192_RUNS). Not moved
+#: after that check, which would set them on the run that checks them; calls of many heads under
+#: 1344 were not measured. (Before the pair stores the H200 kept these calls from 2560,
+#: …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.)
 #: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 

@@ -32,7 +32,8 @@ of shorter lengths (1280-1664) and ``wide-gqa-below-check`` other calls between 
 ``wide-gqa-aligned-check`` lengths that are multiples of 128 and others around the H200's two
 lengths since (1344, and 1664 for multiples of 128); ``unaligned`` and ``unaligned-causal`` head
 dims 64 and 128 at lengths between multiples of 128 beside the multiples around their limits
-(whose ladders had only multiples of 128); ``odd-dims`` head dims that are
+(whose ladders had only multiples of 128), ``unaligned-check`` other non-causal calls around the
+limits set on it; ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -162,6 +163,21 @@ UNALIGNED = [(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hkv in ((4
 UNALIGNED_CAUSAL = [(b, h, hkv, n, n, d, True) for d, ns in ((128, (2560, 2624, 2880, 3072, 3136)),
                                                              (64, (3584, 3648, 3904, 4096, 4160)))
                     for b, h, hkv in ((4, 32, 32), (1, 32, 32), (4, 32, 8)) for n in ns]
+# the non-causal limits set on ``unaligned`` (H100, 75b30ed): 1792 for lengths off the tile, and with
+# GQA 1472, or 1792 where both lengths are multiples of 128; checked on heads, groups (2, 8, 4, 5
+# and 4 per K/V head) and head dims (96, padded to 128) that set did not have, at lengths around
+# each limit, and on Nq != Nk off the tile
+UNALIGNED_CHECK = ([(b, h, hkv, n, n, d, False) for b, h, hkv, d in ((8, 16, 16, 128), (2, 64, 64, 64), (4, 32, 32, 96),
+                                                                     (4, 40, 40, 128))
+                    for n in (1700, 1760, 1830, 1900, 2000)]
+                   + [(b, h, hkv, n, n, d, False) for b, h, hkv, d in ((4, 32, 16, 128), (2, 64, 8, 128), (8, 32, 8, 64),
+                                                                       (4, 40, 8, 128), (4, 32, 8, 96))
+                      for n in (1400, 1440, 1500, 1560, 1700)]
+                   + [(b, h, hkv, n, n, d, False) for b, h, hkv, d in ((4, 32, 16, 128), (2, 64, 8, 128), (8, 32, 8, 64),
+                                                                       (4, 32, 8, 96))
+                      for n in (1664, 1920)]
+                   + [(4, 32, hkv, nq, nk, 128, False) for hkv in (32, 8)
+                      for nq, nk in ((1000, 3000), (3000, 1000), (2500, 1500), (1500, 2500))])
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -246,6 +262,7 @@ SETS = {
     "wide-gqa-aligned-check": WIDE_GQA_ALIGNED_CHECK,
     "unaligned": UNALIGNED,
     "unaligned-causal": UNALIGNED_CAUSAL,
+    "unaligned-check": UNALIGNED_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -96,6 +96,9 @@ class HandOver(NamedTuple):
 
     head_dim_above: int
     length: int
+    length_unaligned: int
+    length_gqa: int
+    length_gqa_aligned: int
     length_causal: int
     length_causal_d64: int
     length_padded: int
@@ -208,7 +211,8 @@ GQA_GROUP = 2
 #:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
 #:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
-                      length=2048, length_causal=3072, length_causal_d64=4096, length_padded=8192,
+                      length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1792,
+                      length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
@@ -221,7 +225,10 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 #: The causal limits (a length, two pair limits) as they were before the H100's three-consumer
 #: switch-over moved (23bd5da), kept where they were not measured again: the other kernels.
 _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs_causal_long=1 << 30)
-GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3)
+#: Likewise the non-causal length before lengths off cuDNN's tile and GQA calls were measured apart
+#: (the ``unaligned`` set): one length for every call at head dims up to 128.
+_NON_CAUSAL_ONE_LENGTH = dict(length_unaligned=2048, length_gqa=2048, length_gqa_aligned=2048)
+GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_NON_CAUSAL_ONE_LENGTH)
 #: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims 129-192
 #: …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the first two
@@ -480,6 +487,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
+    aligned = len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
         pairs = lim.pairs_causal_gqa if gqa else lim.pairs_causal
@@ -489,6 +497,12 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
             length = max(length, lim.length_causal_padded_d64)
         elif 64 < head_dim < 128:  # run as 128
             length = max(length, lim.length_causal_padded)
+    elif head_dim <= 128:  # non-causal: cuDNN runs lengths off its tile slower, and GQA calls
+        # quantize K and V of fewer heads
+        if gqa:
+            length = max(lim.length_gqa, lim.length_gqa_aligned) if aligned else lim.length_gqa
+        elif not aligned:
+            length = lim.length_unaligned
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
         if causal:
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
@@ -496,7 +510,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
         else:  # as they are: the H200's GQA limits are below those of head dims up to 128
             length = lim.length_192_gqa if gqa else lim.length_192
             pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
-            if gqa and len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0:
+            if gqa and aligned:
                 length = max(length, lim.length_192_gqa_aligned)
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)

@@ -152,7 +152,8 @@ def test_choice_is_cached_per_capability_and_name(monkeypatch):
     assert dispatch.choose(torch.device("cuda", 0)).hand_over == dispatch.GH100_SM90
 
 
-LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_causal=3072, length_causal_d64=4096,
+LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_unaligned=2048, length_gqa=2048,
+                           length_gqa_aligned=0, length_causal=3072, length_causal_d64=4096,
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
@@ -1066,8 +1067,9 @@ def test_hand_over_under_dynamic_shapes(monkeypatch):
     from sageattention import core
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the device check (also on a GPU machine)
-    limits = WIDE_ONLY._replace(length=32, length_causal=32, length_causal_d64=32, length_padded=32,
-                                length_causal_padded=32, length_causal_padded_d64=32)
+    limits = WIDE_ONLY._replace(length=32, length_unaligned=32, length_gqa=32, length_causal=32,
+                                length_causal_d64=32, length_padded=32, length_causal_padded=32,
+                                length_causal_padded_d64=32)
     monkeypatch.setattr(dispatch, "chosen", lambda device: ("cuda_sm90", (), tuple(limits)))
     monkeypatch.setattr(core, "_cuda_run", lambda fn, module, q, *a: torch.zeros_like(q))
     torch._dynamo.reset()

@@ -211,7 +211,7 @@ GQA_GROUP = 2
 #:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
 #:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
-                      length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1792,
+                      length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664,
                       length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,

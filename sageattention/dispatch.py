@@ -65,7 +65,10 @@ class HandOver(NamedTuple):
 
     A call's length is ``L = 3·Nq·Nk / (Nq + 2·Nk)``: ``N`` when ``Nq == Nk``, and in general the
     attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
-    so. Below ``length`` (``length_causal`` for causal calls, ``length_causal_d64`` for causal
+    so. Below ``length`` (non-causal calls at head dims up to 128: ``length_unaligned`` where Nq or
+    Nk is not a multiple of :data:`CUDNN_TILE`, which cuDNN runs slower per pair; with
+    :data:`GQA_GROUP` or more query heads per K/V head ``length_gqa``, at least
+    ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls, ``length_causal_d64`` for causal
     calls with head dim <= 64, ``length_padded`` for head dims between 192 and 256, which the
     kernel runs zero-padded to 256 while SDPA runs them at their width, ``length_192`` and
     ``length_causal_192`` for head dims 129-192, which it runs on 192 of those columns; for
@@ -210,6 +213,20 @@ GQA_GROUP = 2
 #:   limits up to D=128 (…-abe33cf-crossover-lse-square.md, …-8b3577e-crossover-lse-rect.md) and
 #:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
 #:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
+#: - off cuDNN's tile and with GQA (non-causal, head dims up to 128; every run above had lengths
+#:   that are multiples of 128 but 64 queries on 4096 keys): the ``unaligned`` set
+#:   (…-75b30ed-crossover-unaligned-unaligned-causal.md; D 64 and 128, 4 x 32, 1 x 32 and 4 x 32 / 8,
+#:   N 1344-2112) had the kernel at 0.93 of SDPA's time at 1856 and 1984 (4 x 32), from 1600 at
+#:   0.89 with GQA (0.90 from 1472 at D=64), all handed over by 2048, and about even at 1536 and
+#:   1792 with GQA: ``length_unaligned`` 1792, ``length_gqa`` 1472, ``length_gqa_aligned`` 1664
+#:   (1792 at first; 1664 after its check, where four GQA calls on the tile ran 0.85-1.00 there).
+#:   Checked on ``unaligned-check`` (other heads, 2 to 8 query heads per K/V head, D=96, Nq != Nk;
+#:   H100 with and without the LSE, …-02d03a7-crossover-unaligned-check.md, and the H200 with the
+#:   same limits, …-NVIDIA_H200-ace133f-*): over the 363 calls of the six runs 1.16 % over the
+#:   faster side on average, 25 more than 6 % off, the worst 1.17; with 2048 for all 6.06 %, 141
+#:   and 1.30 (tests/test_dispatch.py, UNALIGNED_RUNS). Most misses left: D=96 off the tile
+#:   (cuDNN slow there, kernel 0.89-0.91 at 1700-1760) and Nq != Nk (L weighs them one way).
+#:   The causal limits held on ``unaligned-causal`` (with the LSE none more than 6 % off).
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664,
                       length_causal=3072, length_causal_d64=4096, length_padded=8192,
@@ -229,7 +246,8 @@ _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs
 #: (the ``unaligned`` set): one length for every call at head dims up to 128.
 _NON_CAUSAL_ONE_LENGTH = dict(length_unaligned=2048, length_gqa=2048, length_gqa_aligned=2048)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_NON_CAUSAL_ONE_LENGTH)
-#: The wgmma kernel on the H200: the H100's limits, checked there (…-NVIDIA_H200-f331d83-h200.md:
+#: The wgmma kernel on the H200: the H100's limits, checked there (the non-causal lengths off
+#: cuDNN's tile and with GQA on …-NVIDIA_H200-ace133f-crossover-unaligned*.md; …-NVIDIA_H200-f331d83-h200.md:
 #: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims 129-192
 #: …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the first two
 #: with the LSE too; the causal limits of the three-consumer kernel on the five sets they were

@@ -1030,6 +1030,10 @@ def test_main_module_states_the_pair_limits_as_set():
     assert ("per K/V head 1344 (1664 where Nq and Nk are multiples of 128), causal 4096, and 3*2^26; causal calls "
             "there at least the causal limits") in h200
     assert "per K/V head 2080, causal 4096, and 2^28;" in sm90 and "multiples of 128" not in sm90
+    # the non-causal lengths off cuDNN's tile and with GQA, where a row has them
+    split = ("below 2048 (non-causal at D <= 128: 1792 where Nq or Nk is not a multiple of 128; with 2 or more "
+             "query heads per K/V head 1472, 1664 where both are), causal 3072")
+    assert split in sm90 and split in h200 and "below 2048, causal 3072" in others
 
 
 def _short_route(monkeypatch):

@@ -686,6 +686,25 @@ def test_route_cost_exceptions_are_all_needed(run, shape):
     assert 1.06 * min(sdpa, kernel) < (sdpa if go else kernel) <= ROUTE_COST[(run, shape)] * min(sdpa, kernel)
 
 
+def _cost_over_runs(runs: dict, row_ok) -> tuple:
+    """Recorded runs held as a whole ({run: calls}; ``row_ok``: what every row of them must be):
+    (calls, mean excess over each call's faster side, worst cost, calls more than 6 % off) with
+    today's limits. A run's rows are as many as given, all with or all without the LSE as its name
+    says."""
+    calls = off = 0
+    excess = worst = 0.0
+    for run, n in runs.items():
+        data = json.loads((RESULTS / f"{run}.json").read_text())
+        rows = data["rows"]
+        lse = "-crossover-lse-" in run
+        assert len(rows) == n and all(bool(r.get("lse")) is lse and row_ok(r) for r in rows), run
+        for r in rows:
+            go, sdpa, kernel = _routed(data, r, lse)
+            cost = (sdpa if go else kernel) / min(sdpa, kernel)
+            calls, excess, worst, off = calls + 1, excess + cost - 1, max(worst, cost), off + (cost > 1.06)
+    return calls, excess / calls, worst, off
+
+
 # Non-causal GQA calls at head dims 129-192 on the H200, after the column-pair stores (ef638f6
 # on): the crossover moves by ±10 % with the head count, the head dim and whether the lengths are
 # multiples of cuDNN's 128-row tile, more than two lengths and a pair limit can follow (each check
@@ -719,20 +738,10 @@ def test_h200_gqa_192_limits_cost_little_over_their_runs():
     the worst 21 % (1 x 64 / 32 x 1792^2 at D=192 with the LSE, kept). The limits before this
     session's runs (1920) gave 3.44 %, 167 and 28 %; one length without the multiples-of-128 rule
     (1344) 1.21 %, 63 and 21 % (bench/route_check.py, …-CPU-b57d29c-route-check.md)."""
-    calls = off = 0
-    excess = worst = 0.0
-    for run, n in H200_GQA_192_RUNS.items():
-        data = json.loads((RESULTS / f"{run}.json").read_text())
-        rows = data["rows"]
-        lse = "-crossover-lse-" in run
-        assert len(rows) == n and all(bool(r.get("lse")) is lse and not r["causal"] for r in rows), run
-        assert all(128 < r["d"] <= 192 and r["h"] >= dispatch.GQA_GROUP * r["hkv"] for r in rows), run
-        for r in rows:
-            go, sdpa, kernel = _routed(data, r, lse)
-            cost = (sdpa if go else kernel) / min(sdpa, kernel)
-            calls, excess, worst, off = calls + 1, excess + cost - 1, max(worst, cost), off + (cost > 1.06)
+    calls, mean, worst, off = _cost_over_runs(H200_GQA_192_RUNS, lambda r: not r["causal"] and 128 < r["d"] <= 192
+                                              and r["h"] >= dispatch.GQA_GROUP * r["hkv"])
     assert calls == 706
-    assert excess / calls <= 0.0125 and worst <= 1.22 and off <= 0.08 * calls, (excess / calls, worst, off)
+    assert mean <= 0.0125 and worst <= 1.22 and off <= 0.08 * calls, (mean, worst, off)
 
 
 # Calls at head dims 64-128 at lengths off cuDNN's 128-row tile and with GQA (crossover.py's
@@ -755,19 +764,9 @@ def test_unaligned_limits_cost_little_over_their_runs():
     worst 17 % (1 x 32 x 2112^2 at D=64 on the H200, under the pair limit). One length for every
     non-causal call (2048, the limits before these runs) gave 6.06 %, 141 and 30 %
     (bench/route_check.py)."""
-    calls = off = 0
-    excess = worst = 0.0
-    for run, n in UNALIGNED_RUNS.items():
-        data = json.loads((RESULTS / f"{run}.json").read_text())
-        rows = data["rows"]
-        lse = "-crossover-lse-" in run
-        assert len(rows) == n and all(bool(r.get("lse")) is lse and 64 <= r["d"] <= 128 for r in rows), run
-        for r in rows:
-            go, sdpa, kernel = _routed(data, r, lse)
-            cost = (sdpa if go else kernel) / min(sdpa, kernel)
-            calls, excess, worst, off = calls + 1, excess + cost - 1, max(worst, cost), off + (cost > 1.06)
+    calls, mean, worst, off = _cost_over_runs(UNALIGNED_RUNS, lambda r: 64 <= r["d"] <= 128)
     assert calls == 363
-    assert excess / calls <= 0.0125 and worst <= 1.18 and off <= 0.075 * calls, (excess / calls, worst, off)
+    assert mean <= 0.0125 and worst <= 1.18 and off <= 0.075 * calls, (mean, worst, off)
 
 
 def test_other_kernels_keep_one_non_causal_length():

@@ -164,9 +164,9 @@ UNALIGNED_CAUSAL = [(b, h, hkv, n, n, d, True) for d, ns in ((128, (2560, 2624, 
                                                              (64, (3584, 3648, 3904, 4096, 4160)))
                     for b, h, hkv in ((4, 32, 32), (1, 32, 32), (4, 32, 8)) for n in ns]
 # the non-causal limits set on ``unaligned`` (H100, 75b30ed): 1792 for lengths off the tile, and with
-# GQA 1472, or 1792 where both lengths are multiples of 128; checked on heads, groups (2, 8, 4, 5
-# and 4 per K/V head) and head dims (96, padded to 128) that set did not have, at lengths around
-# each limit, and on Nq != Nk off the tile
+# GQA 1472, or 1792 where both lengths are multiples of 128 (1664 since this check); checked on
+# heads, groups (2, 8, 4, 5 and 4 per K/V head) and a head dim (96, which the kernel runs on 96 of
+# 128 columns) that set did not have, at lengths around each limit, and on Nq != Nk off the tile
 UNALIGNED_CHECK = ([(b, h, hkv, n, n, d, False) for b, h, hkv, d in ((8, 16, 16, 128), (2, 64, 64, 64), (4, 32, 32, 96),
                                                                      (4, 40, 40, 128))
                     for n in (1700, 1760, 1830, 1900, 2000)]

@@ -225,7 +225,7 @@ GQA_GROUP = 2
 #:   same limits, …-NVIDIA_H200-ace133f-*): over the 363 calls of the six runs 1.16 % over the
 #:   faster side on average, 25 more than 6 % off, the worst 1.17; with 2048 for all 6.06 %, 141
 #:   and 1.30 (tests/test_dispatch.py, UNALIGNED_RUNS). Most misses left: D=96 off the tile
-#:   (cuDNN slow there, kernel 0.89-0.91 at 1700-1760) and Nq != Nk (L weighs them one way).
+#:   (cuDNN slow there, kernel 0.89-0.94 at 1700-1760) and Nq != Nk (L weighs them one way).
 #:   The causal limits held on ``unaligned-causal`` (with the LSE none more than 6 % off).
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,14 @@ import torch.nn.functional as F
 from sageattention.reference import error_metrics
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def bench_script(stem: str, name: str):
+    """bench/<stem>.py loaded as the module ``name`` (bench/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "bench" / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0, seed=0):

@@ -1,17 +1,14 @@
 """bench/bench.py's timing order, bench/power.py's energy arithmetic, the test suite's
 ``--shard`` option for device calls and bench/route_check.py's costs (no GPU needed)."""
 
-import importlib.util
 import os
 import time
 from collections import Counter
-from pathlib import Path
-
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_script", Path(__file__).resolve().parent.parent / "bench" / "bench.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from helpers import bench_script
+
+bench = bench_script("bench", "bench_script")
 
 
 @pytest.mark.parametrize("names,repeats", [(["flash", "cudnn", "ours"], 3), (["flash", "cudnn", "ours"], 6),
@@ -77,9 +74,7 @@ def test_read_flush_follows_do_bench_write_and_is_removed_after(monkeypatch, mod
 
 
 # ---- --power: bench/power.py against a stand-in for NVML (no GPU needed) ----
-_pspec = importlib.util.spec_from_file_location("bench_power", Path(__file__).resolve().parent.parent / "bench" / "power.py")
-power = importlib.util.module_from_spec(_pspec)
-_pspec.loader.exec_module(power)
+power = bench_script("power", "bench_power")
 
 
 class _FakeNvml:
@@ -264,7 +259,6 @@ def test_power_table_cells():
 
 
 # ---- bench/power_trace.py's table and fit ----
-_tspec = importlib.util.spec_from_file_location("bench_power_trace", Path(__file__).resolve().parent.parent / "bench" / "power_trace.py")
 
 
 def _power_trace(monkeypatch):
@@ -273,9 +267,7 @@ def _power_trace(monkeypatch):
     # power_trace imports bench/ modules by their plain names, as when run as a script
     monkeypatch.setitem(sys.modules, "bench", bench)
     monkeypatch.setitem(sys.modules, "power", power)
-    mod = importlib.util.module_from_spec(_tspec)
-    _tspec.loader.exec_module(mod)
-    return mod
+    return bench_script("power_trace", "bench_power_trace")
 
 
 def test_slope_is_least_squares(monkeypatch):
@@ -411,9 +403,7 @@ def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
             conftest._shard(Config(bad), list(names))
 
 
-_rspec = importlib.util.spec_from_file_location("route_check", Path(__file__).resolve().parent.parent / "bench" / "route_check.py")
-route_check = importlib.util.module_from_spec(_rspec)
-_rspec.loader.exec_module(route_check)
+route_check = bench_script("route_check", "route_check")
 
 
 def _crossover_run(tmp_path, monkeypatch, rows, device="NVIDIA H100 80GB HBM3"):

@@ -1,6 +1,5 @@
 """Dispatch decisions, with GPU capabilities and kernel availability faked (no GPU needed)."""
 
-import importlib.util
 import json
 import sys
 import warnings
@@ -13,6 +12,8 @@ import sageattention as sa
 from sageattention import _ops, dispatch
 from sageattention._checks import Dims
 from sageattention.dispatch import BACKENDS, PREFERENCE, UnsupportedGPUError, select
+
+from helpers import bench_script
 
 ALL = list(BACKENDS)
 
@@ -585,9 +586,7 @@ def _shape(r: dict) -> tuple:
     return r["b"], r["h"], r["nq"], r["nk"], r["d"], r["causal"]
 
 
-_rspec = importlib.util.spec_from_file_location("route_check", Path(__file__).resolve().parent.parent / "bench" / "route_check.py")
-route_check = importlib.util.module_from_spec(_rspec)
-_rspec.loader.exec_module(route_check)
+route_check = bench_script("route_check", "route_check")
 
 
 def _routed(run: dict, r: dict, lse: bool):

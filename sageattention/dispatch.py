@@ -68,15 +68,15 @@ class HandOver(NamedTuple):
     so. Below ``length`` (non-causal calls at head dims up to 128: ``length_unaligned`` where Nq or
     Nk is not a multiple of :data:`CUDNN_TILE`, which cuDNN runs slower per pair; with
     :data:`GQA_GROUP` or more query heads per K/V head ``length_gqa``, at least
-    ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls, ``length_causal_d64`` for causal
-    calls with head dim <= 64, ``length_padded`` for head dims between 192 and 256, which the
-    kernel runs zero-padded to 256 while SDPA runs them at their width, ``length_192`` and
-    ``length_causal_192`` for head dims 129-192, which it runs on 192 of those columns; for
-    causal calls at the head dims it pads to 128 or 64, ``length_causal_padded`` and
-    ``length_causal_padded_d64``) the quantization costs more than the kernel saves; below
-    ``pairs`` (``pairs_causal``; ``pairs_192`` for head dims 129-192, at least the causal pair
-    limit for causal calls there) of ``B·Hq·Nq·Nk``
-    the call is too small to fill the GPU; causal calls of ``length_causal_long`` keys or more
+    ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls,
+    ``length_causal_d64`` for causal calls with head dim <= 64, ``length_padded`` for head dims
+    between 192 and 256, which the kernel runs zero-padded to 256 while SDPA runs them at their
+    width, ``length_192`` and ``length_causal_192`` for head dims 129-192, which it runs on 192 of
+    those columns; for causal calls at the head dims it pads to 128 or 64,
+    ``length_causal_padded`` and ``length_causal_padded_d64``) the quantization costs more than
+    the kernel saves; below ``pairs`` (``pairs_causal``; ``pairs_192`` for head dims 129-192, at
+    least the causal pair limit for causal calls there) of ``B·Hq·Nq·Nk`` the call is too small
+    to fill the GPU; causal calls of ``length_causal_long`` keys or more
     at head dims up to 128 are short only below ``pairs_causal_long`` if that is lower (the
     kernel gains on cuDNN with the length, so long causal calls on few heads still beat it).
     Causal GQA calls with at least
@@ -490,6 +490,12 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
     return c.backend, tuple(sorted(c.options.items())), tuple(c.hand_over) if c.hand_over is not None else None
 
 
+def _on_tile(length: int, length_aligned: int, aligned: bool) -> int:
+    """A GQA length limit, at least ``length_aligned`` for calls whose Nq and Nk are multiples of
+    :data:`CUDNN_TILE` (``aligned``: cuDNN runs those best, so the kernel passes it later)."""
+    return max(length, length_aligned) if aligned else length
+
+
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
                causal: bool, heads_kv: Optional[int] = None) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
@@ -518,7 +524,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     elif head_dim <= 128:  # non-causal: cuDNN runs lengths off its tile slower, and GQA calls
         # quantize K and V of fewer heads
         if gqa:
-            length = max(lim.length_gqa, lim.length_gqa_aligned) if aligned else lim.length_gqa
+            length = _on_tile(lim.length_gqa, lim.length_gqa_aligned, aligned)
         elif not aligned:
             length = lim.length_unaligned
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
@@ -526,10 +532,8 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
             pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
         else:  # as they are: the H200's GQA limits are below those of head dims up to 128
-            length = lim.length_192_gqa if gqa else lim.length_192
+            length = _on_tile(lim.length_192_gqa, lim.length_192_gqa_aligned, aligned) if gqa else lim.length_192
             pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
-            if gqa and aligned:
-                length = max(length, lim.length_192_gqa_aligned)
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
     # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)

@@ -135,98 +135,11 @@ GQA_GROUP = 2
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
 #: GH200; the H200 takes H200_SM90 below, these but three limits), measured on an H100 beside SDPA
-#: with bench/crossover.py:
-#: - short calls (the ``square`` and ``rect`` sets,
-#:   bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-9b0eced-crossover.md): the kernel passes
-#:   cuDNN at L ~1950 (D=128) and ~2200 (D=64), causal at ~3300 and ~3950; with 16 heads it is
-#:   1-16 % slower still at N=4096. The ``check`` set (…-22de8f1-crossover.md) agreed but for
-#:   one shape: 32 heads at N=4096 causal, 8 % slower, hence the causal pair limit 2^30 (it was
-#:   2^28 there). Since 23bd5da causal calls from 3072 keys run three consumers (2-7 % faster
-#:   than two at D=128): the ``causal-pairs`` set (…-48feaa2-crossover-causal-pairs.md and its
-#:   LSE twin; B x H of 16 to 80 at 3072-8192, 2^28.6-2^30.9 pairs) ran 1 x 24 x 6144^2
-#:   (2^29.75) at 0.90 of cuDNN's time, 1 x 40 x 5120^2 0.91, 1 x 32 x 5120^2 0.95, 2 x 40 x
-#:   3584^2 0.95 (LSE 1.03) and at D=80-96 0.80-0.87, all handed over by 2^30; below 3 x 2^28
-#:   (2^29.58) 1.00-1.13 but 1 x 16 x 6144^2 (0.96): ``pairs_causal`` 3 x 2^28 on the H100
-#:   (2 x 24 x 4096^2, exactly that, 1.00 / LSE 1.05, and the padded-causal-check set agree).
-#:   A check on other head counts (…-149d2d2-crossover-causal-pairs-check.md, LSE twin) held it
-#:   at 3584-5120 keys (0.95-1.07, each call within 5 % of its faster side) but ran 1 x 20 x 6144^2 and 1 x 12 x 7680^2 (2^29.3-2^29.5)
-#:   at 0.91-0.93 (LSE 0.94-0.97): the kernel gains on cuDNN with the length, so from
-#:   ``length_causal_long`` 6144 keys at head dims up to 128 ``pairs_causal_long`` 2^29. Checked
-#:   after (…-a7413c4-crossover-causal-long.md, LSE twin; 4 to 16 heads at 6144-12288 keys,
-#:   2^28.6-2^29.5, D=64, 96, 128): kept calls 0.82-1.03 of cuDNN's time, handed-over 0.95-1.03;
-#: - head dims above 128 (the ``wide`` set, …-1389d44-crossover.md): at D=256 the same limits
-#:   put every shape on its faster side (the kernel 0.67-0.91 of cuDNN's time from N=2048 at
-#:   4 x 32 heads, 1.54 at 1024); at D=160 and 192 the kernel pays for 256 columns and cuDNN
-#:   for the real width, so it passes cuDNN only at N ~4096 (non-causal, 0.96-1.19) to 8192
-#:   (0.88-0.91; causal there 0.93-1.02): ``length_padded`` 8192, kept for head dims 193-255.
-#:   Since 6022f5f the kernel computes 192 of the 256 columns for head dims 129-192 (the
-#:   ``wide-narrow`` set at D=160 and 192, …-6022f5f-crossover-wide-narrow.md): non-causal, it
-#:   passes cuDNN between N=2048 (1.12-1.18 at 4 x 32 heads) and 3072 (0.91-0.99), with 1 x 16
-#:   heads at 4096 still 1.03-1.07 and at 6144 0.84-0.89; causal, between 4096 (4 x 32: 1.03-1.07)
-#:   and 6144 (0.89-0.91), 1 x 16 at 6144 1.02-1.05 and at 8192 0.85-0.89: ``length_192`` 3072,
-#:   ``pairs_192`` 2^29 (1 x 16 x 4096^2 is 2^28), ``length_causal_192`` 5120 (between the
-#:   two measured lengths; 5120 itself was not measured). With GQA (the ``wide-gqa`` set, 4 and
-#:   8 query heads per K/V head, …-3e35ead-crossover-wide-gqa.md) it passes cuDNN earlier:
-#:   causal 4 x 32 / 8 at 4096 0.88-0.91, 1 x 32 / 4 at 4096 0.93-1.00, non-causal 1 x 32 / 4 at
-#:   3072 (2^28.2 pairs) 0.90-0.98, which 5120 and 2^29 handed over: ``length_causal_192_gqa``
-#:   4096, ``pairs_192_gqa`` 2^28 from GQA_GROUP query heads per K/V head; checked after on
-#:   ``wide-gqa-check`` (2, 7 and 8 per K/V head, …-59ea616-crossover-wide-gqa-check.md: every
-#:   call on its faster side, with the LSE too). Non-causal GQA calls there kept ``length_192``
-#:   3072 until the kernel wrote O in column pairs at head dims below 192 (da6d172, 5-8 % faster
-#:   at D 144-176): then ``wide-gqa-short`` (144-192; 4 x 32, 1 x 64, 2 x 40, all / 8) ran the
-#:   kernel at 0.93-1.04 of the faster SDPA's time at N=2048, 0.87-0.95 at 2560 (1.01-1.12 at
-#:   1792), and ``wide-gqa-short-check`` (136, 160, 184; 2, 7 and 8 per K/V head) at 0.88-1.02
-#:   at 2304 and 0.81-0.95 at 2560-2816 (with the LSE 0.93-1.05 and 0.85-0.98), all of which 3072
-#:   handed over (up to 24 % lost): ``length_192_gqa`` 2304 (…-da6d172-crossover-wide-gqa-short.md,
-#:   -wide-gqa-short-check and their LSE twins). Each check after put the crossover lower:
-#:   ``wide-gqa-edge`` (152, 168; 2176 0.90-0.98, …-194c756-…), ``wide-gqa-edge-check`` (2112
-#:   0.87-0.99, 2176 0.96-1.09: cuDNN runs multiples of 128 best, …-f8ee2e6-…),
-#:   ``wide-gqa-2112`` (72 and 96 query heads: 2080 0.81-0.97, …-a440fbd-…): ``length_192_gqa``
-#:   2080, set on all five runs (none left to check it), three calls 7-9 % from their faster side
-#:   (4 x 32 / 8 x 2048^2 at D=176 handed over, kernel 0.93; 2 x 40 / 20 x 2176^2 with the LSE
-#:   kept, 1.07-1.09): the crossover moves with the call's head count and N by ±10 %, more
-#:   than one length can follow. Head dims the kernel pads to
-#:   64 or 128 (the ``padded`` set: 32, 48, 80, 96, 112, …-8e86603-crossover-padded-gqa-small.md)
-#:   keep the non-causal limits of 64 and 128 (the worst call 4 % from the faster side, 1 x 16 x
-#:   4096^2 at D=96). Causal ones cross later: 3072 at D=80-112 and 4096 at D=32-48 ran 1-12 %
-#:   faster on cuDNN (with the LSE the most), 3584 and 5120 within 3 % either way, 4096 and 6144
-#:   faster in the kernel (the ``padded-causal`` set, …-9e96397-crossover-padded-causal.md and
-#:   …-9e96397-crossover-lse-padded-causal.md): ``length_causal_padded`` 3584,
-#:   ``length_causal_padded_d64`` 5120 (on an H200, …-a85d959-crossover-padded-gqa-small.md, every
-#:   call with these within 5.1 % of the faster side). Since 23bd5da causal calls from 3072 keys
-#:   run three consumers (5-11 % faster at D=96 than two, …-e74cd20-consumers.md), and the same
-#:   set again (…-bae882e-crossover-padded-causal.md, LSE twin) ran 4 x 32 x 3072 at D=80-112 at
-#:   0.89-0.97 of cuDNN's time (LSE 0.94-1.03), with a check on other heads
-#:   (…-bae882e-crossover-padded-causal-check.md: 8 x 32 / 8 at 3072 0.73, 2 x 40 0.95, 1 x 32
-#:   1.05-1.06, LSE 1.08-1.13, which the causal pair limit hands over): ``length_causal_padded``
-#:   3072, the length of D=128 (the other kernels keep 3584 and a causal pair limit of 2^30:
-#:   not measured since; the H200 takes 3072 too, checked there at 5a7acc2);
-#: - GQA (the ``gqa`` set: 4, 7 and 8 query heads per K/V head, …-fa8b53b-crossover-gqa.md and
-#:   …-fa8b53b-crossover-lse-gqa.md): the kernel quantizes K and V of fewer heads and gains
-#:   6-19 % on cuDNN, which the lengths absorb but not the causal pair limit: 2 x 28 / 4 heads
-#:   at N=4096 causal (2^29.8 pairs) ran 7-14 % faster in the kernel, and so did 1 x 32 / 4 at
-#:   4096 (2^29). With 2 and 3 (the ``gqa-small`` set, …-8e86603-crossover-padded-gqa-small.md)
-#:   likewise: 2 x 24 / 8 and 1 x 48 / 24 at N=4096 causal (2^29.6) ran 4-6 % faster in the
-#:   kernel and are the only shapes of the set that the lower limit moves.
-#:   Causal calls with 2 or more query heads per K/V head take 2^29;
-#: - with ``return_lse`` (torch's cuDNN attention with its LSE, ``crossover.py --lse``): the same
-#:   limits up to D=128 (…-abe33cf-crossover-lse-square.md, …-8b3577e-crossover-lse-rect.md) and
-#:   at D=160, 192 and 256 (…-d563465-crossover-lse-wide.md, cuDNN 9.19: every shape within 4.2 %
-#:   of the faster, the calls handed over 1.02-2.85x faster than the kernel).
-#: - off cuDNN's tile and with GQA (non-causal, head dims up to 128; every run above had lengths
-#:   that are multiples of 128 but 64 queries on 4096 keys): the ``unaligned`` set
-#:   (…-75b30ed-crossover-unaligned-unaligned-causal.md; D 64 and 128, 4 x 32, 1 x 32 and 4 x 32 / 8,
-#:   N 1344-2112) had the kernel at 0.93 of SDPA's time at 1856 and 1984 (4 x 32), from 1600 at
-#:   0.89 with GQA (0.90 from 1472 at D=64), all handed over by 2048, and about even at 1536 and
-#:   1792 with GQA: ``length_unaligned`` 1792, ``length_gqa`` 1472, ``length_gqa_aligned`` 1664
-#:   (1792 at first; 1664 after its check, where four GQA calls on the tile ran 0.85-1.00 there).
-#:   Checked on ``unaligned-check`` (other heads, 2 to 8 query heads per K/V head, D=96, Nq != Nk;
-#:   H100 with and without the LSE, …-02d03a7-crossover-unaligned-check.md, and the H200 with the
-#:   same limits, …-NVIDIA_H200-ace133f-*): over the 363 calls of the six runs 1.16 % over the
-#:   faster side on average, 25 more than 6 % off, the worst 1.17; with 2048 for all 6.06 %, 141
-#:   and 1.30 (tests/test_dispatch.py, UNALIGNED_RUNS). Most misses left: D=96 off the tile
-#:   (cuDNN slow there, kernel 0.89-0.94 at 1700-1760) and Nq != Nk (L weighs them one way).
-#:   The causal limits held on ``unaligned-causal`` (with the LSE none more than 6 % off).
+#: with bench/crossover.py: short square and rectangular calls, head dims above 128 (on 192 of
+#: 256 columns at 129-192), padded head dims, GQA, causal pair counts, lengths off cuDNN's tile,
+#: each with and without the LSE. Which run set each value, and the checks after it:
+#: bench/HANDOVER.md ("Each limit's derivation"); tests/test_dispatch.py holds the recorded runs
+#: against these values.
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664,
                       length_causal=3072, length_causal_d64=4096, length_padded=8192,
@@ -246,43 +159,10 @@ _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs
 #: (the ``unaligned`` set): one length for every call at head dims up to 128.
 _NON_CAUSAL_ONE_LENGTH = dict(length_unaligned=2048, length_gqa=2048, length_gqa_aligned=2048)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_NON_CAUSAL_ONE_LENGTH)
-#: The wgmma kernel on the H200: the H100's limits, checked there (the non-causal lengths off
-#: cuDNN's tile and with GQA on …-NVIDIA_H200-ace133f-crossover-unaligned*.md; …-NVIDIA_H200-f331d83-h200.md:
-#: the square, rect and check sets; …-a85d959-crossover-padded-gqa-small.md; at head dims 129-192
-#: …-NVIDIA_H200-78df896-crossover-wide-narrow.md, -wide-gqa and -wide-gqa-check, the first two
-#: with the LSE too; the causal limits of the three-consumer kernel on the five sets they were
-#: set and checked on, with and without the LSE, 132 calls:
-#: …-NVIDIA_H200-5a7acc2-crossover-causal-pairs.md and the others of that run), but for three
-#: (``length_192_gqa``, ``length_192_gqa_aligned`` and ``pairs_192_gqa``, below). Until that
-#: causal run the H200 kept the H100's causal limits from before the switch-over moved (3584 at
-#: head dims 65-127, 2^30 pairs): 45 of the 132 calls went more than 6 % from their faster side,
-#: the kernel up to 28 % faster (8 x 32 / 8 x 3072^2 causal at D=96 handed over: 0.72 of cuDNN's
-#: time); with the H100's limits 3, the worst 8.7 % (2 x 40 x 3072^2 causal at D=96, handed over
-#: with the kernel at 0.92). Its memory (4.8 TB/s against 3.35) makes the quantization cheaper,
-#: and with GQA the kernel reads K and V of fewer heads: non-causal calls at head dims 129-192
-#: with 2 or more query heads per K/V head cross at shorter lengths than on the H100, and where
-#: they cross moves by ±10 % with the head count, the head dim and whether the lengths are
-#: multiples of cuDNN's 128-row tile (:data:`CUDNN_TILE`). After the column-pair stores at D
-#: 129-191 (79a6f1a) each check found the crossover below the limit it checked: 2048 (set on
-#: ef638f6's four sets, checked by 8da278a's), 1920 (…-506c02d-crossover-wide-gqa-1920-check.md),
-#: 1856 (…-3bf4edb-…-1856-check.md). A ladder of multiples of 128
-#: (…-80adc06-crossover-wide-gqa-below.md: 96-192 heads, D 136-192) put it between 1408 and past
-#: 1664 (kernel / SDPA 0.87-1.06 at 1664), while lengths between multiples of 128 ran 0.79-1.03
-#: in the kernel from 1344 (its check, …-wide-gqa-below-check.md): cuDNN's time per pair is 12-20
-#: % worse there (1440 and 1568 against 1408 and 1536 on the same heads, in the check below).
-#: Hence ``length_192_gqa`` 1344 and ``length_192_gqa_aligned`` 1664 (Nq and Nk both multiples of
-#: 128), ``pairs_192_gqa`` 3 x 2^26 (since c77a248; 1 x 48 / 16 x 2048^2 exactly). Checked after
-#: on 64 calls none of those had (…-b57d29c-crossover-wide-gqa-aligned-check.md: 128-192 heads, D
-#: 184 and 144, N 1216-1792): 13 more than 6 % from their faster side, all handed over with the
-#: kernel 6-17 % faster (128 heads or more at 1216-1312, and at D=184 the multiples of 128 at
-#: 1408-1536); 41 with 1856. Over all 706 calls of the 18 runs since the pair stores the calls
-#: cost 1.03 % over their faster side's time on average, 53 more than 6 % off, worst 1.21 (1 x 64
-#: / 32 x 1792^2 at D=192 with the LSE, kept); 1920 gave 3.44 %, 167 and 1.28
-#: (…-CPU-b57d29c-route-check.md; held by tests/test_dispatch.py, H200_GQA_192_RUNS). Not moved
-#: after that check, which would set them on the run that checks them; calls of many heads under
-#: 1344 were not measured. (Before the pair stores the H200 kept these calls from 2560,
-#: …-dbe9fc0- and …-c748037-crossover-wide-gqa-short*.md.)
-#: The GH200 (HBM3 or HBM3e) keeps the H100's row: not measured.
+#: The wgmma kernel on the H200: the H100's limits, checked there on the same sets, but for its
+#: non-causal GQA calls at head dims 129-192, which it keeps from shorter lengths (its faster
+#: memory makes the quantization cheaper; bench/HANDOVER.md, "The H200's row"). The GH200 keeps
+#: the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
@@ -310,7 +190,7 @@ def hand_over_for(capability: Tuple[int, int], gpu_name: str, backend: str) -> O
     return None
 
 #: Backends to try, best first, per compute capability. Capabilities not listed (>= sm80)
-#: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Which kernel runs".
+#: get :data:`DEFAULT_PREFERENCE`. Why each row is what it is: README.md, "Supported GPUs and known limits".
 #: sm90: the wgmma kernel (cuda_sm90); without it Triton, which an H100 runs 2x faster than
 #: the mma.sync kernels (bench/NOTES.md).
 PREFERENCE: Dict[Tuple[int, int], Tuple[Choice, ...]] = {

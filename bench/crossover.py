@@ -33,7 +33,8 @@ of shorter lengths (1280-1664) and ``wide-gqa-below-check`` other calls between 
 lengths since (1344, and 1664 for multiples of 128); ``unaligned`` and ``unaligned-causal`` head
 dims 64 and 128 at lengths between multiples of 128 beside the multiples around their limits
 (whose ladders had only multiples of 128), ``unaligned-check`` other non-causal calls around the
-limits set on it; ``odd-dims`` head dims that are
+limits set on it; ``rect-edge`` non-causal calls with Nq != Nk around the limits (L from about
+1200 to 2600 each way, with and without GQA); ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -178,6 +179,14 @@ UNALIGNED_CHECK = ([(b, h, hkv, n, n, d, False) for b, h, hkv, d in ((8, 16, 16,
                       for n in (1664, 1920)]
                    + [(4, 32, hkv, nq, nk, 128, False) for hkv in (32, 8)
                       for nq, nk in ((1000, 3000), (3000, 1000), (2500, 1500), (1500, 2500))])
+# non-causal Nq != Nk around the limits: L = 3 Nq Nk / (Nq + 2 Nk) from ~1200 to ~2600 with fewer
+# queries than keys and with more, at head dims 64 and 128, as many K/V heads as query heads or a
+# quarter (unaligned-check's four such shapes left the kernel faster on two handed over, and slower
+# on one kept: does L weigh Nq and Nk as the kernel's cost does?)
+RECT_EDGE = [(4, 32, hkv, nq, nk, d, False) for d in (128, 64) for hkv in (32, 8)
+             for nq, nk in ((768, 3072), (1024, 2048), (1024, 3072), (1024, 4096), (1280, 2560), (1536, 3072),
+                            (1536, 4096), (2048, 4096), (2048, 1024), (3072, 1024), (4096, 1024), (4096, 768),
+                            (8192, 512), (8192, 768), (3072, 1536), (4096, 1536))]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -263,6 +272,7 @@ SETS = {
     "unaligned": UNALIGNED,
     "unaligned-causal": UNALIGNED_CAUSAL,
     "unaligned-check": UNALIGNED_CHECK,
+    "rect-edge": RECT_EDGE,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

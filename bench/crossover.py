@@ -35,7 +35,8 @@ dims 64 and 128 at lengths between multiples of 128 beside the multiples around 
 (whose ladders had only multiples of 128), ``unaligned-check`` other non-causal calls around the
 limits set on it; ``rect-edge`` non-causal calls with Nq != Nk around the limits (L from about
 1200 to 2600 each way, with and without GQA); ``rect-edge-check`` other heads, groups and lengths of that kind, to
-check the length formula set on it; ``odd-dims`` head dims that are
+check the length formula set on it; ``rect-long-q`` many queries on few keys (4k-32k on 768-1280), where
+the runs of 2026-11-24 had the kernel ahead at 16k-32k on 1024; ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -193,6 +194,11 @@ RECT_EDGE = [(4, 32, hkv, nq, nk, d, False) for d in (128, 64) for hkv in (32, 8
 RECT_EDGE_CHECK = [(b, h, hkv, nq, nk, d, False) for d in (128, 64) for b, h, hkv in ((2, 40, 40), (8, 16, 4), (1, 64, 8))
                    for nq, nk in ((1280, 4096), (1792, 2560), (1152, 3584), (6144, 1024), (12288, 896), (2560, 1280),
                                   (5120, 1152))]
+# many queries on few keys (cross-attention to a short context): the 2026-11-24 runs (older kernel)
+# had the kernel 2-14 % ahead at 16k and 32k queries on 1024 keys, which a length weighing queries
+# and keys alike would hand over
+RECT_LONG_Q = [(b, h, h, nq, nk, 128, False) for b, h in ((2, 24), (4, 32)) for nq in (4096, 8192, 16384, 32768)
+               for nk in (768, 1024, 1280)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -280,6 +286,7 @@ SETS = {
     "unaligned-check": UNALIGNED_CHECK,
     "rect-edge": RECT_EDGE,
     "rect-edge-check": RECT_EDGE_CHECK,
+    "rect-long-q": RECT_LONG_Q,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -181,16 +181,17 @@ UNALIGNED_CHECK = ([(b, h, hkv, n, n, d, False) for b, h, hkv, d in ((8, 16, 16,
                       for n in (1664, 1920)]
                    + [(4, 32, hkv, nq, nk, 128, False) for hkv in (32, 8)
                       for nq, nk in ((1000, 3000), (3000, 1000), (2500, 1500), (1500, 2500))])
-# non-causal Nq != Nk around the limits: L = 3 Nq Nk / (Nq + 2 Nk) from ~1200 to ~2600 with fewer
-# queries than keys and with more, at head dims 64 and 128, as many K/V heads as query heads or a
-# quarter (unaligned-check's four such shapes left the kernel faster on two handed over, and slower
-# on one kept: does L weigh Nq and Nk as the kernel's cost does?)
+# non-causal Nq != Nk around the limits: L = 3 Nq Nk / (Nq + 2 Nk) (the length until 2026-11-28)
+# from ~1200 to ~2600 with fewer queries than keys and with more, at head dims 64 and 128, as many
+# K/V heads as query heads or a quarter (unaligned-check's four such shapes left the kernel faster
+# on two handed over, and slower on one kept: does L weigh Nq and Nk as the kernel's cost does?)
 RECT_EDGE = [(4, 32, hkv, nq, nk, d, False) for d in (128, 64) for hkv in (32, 8)
              for nq, nk in ((768, 3072), (1024, 2048), (1024, 3072), (1024, 4096), (1280, 2560), (1536, 3072),
                             (1536, 4096), (2048, 4096), (2048, 1024), (3072, 1024), (4096, 1024), (4096, 768),
                             (8192, 512), (8192, 768), (3072, 1536), (4096, 1536))]
 # other heads (2 x 40, 8 x 16 / 4, 1 x 64 / 8) and lengths than rect-edge, with fewer queries than
 # keys and with more, around the length 7 Nq Nk / (3 Nq + 4 Nk) fitted on rect-edge and the runs before
+# (it did not hold there; the harmonic mean 2 Nq Nk / (Nq + Nk) did better and is the length since)
 RECT_EDGE_CHECK = [(b, h, hkv, nq, nk, d, False) for d in (128, 64) for b, h, hkv in ((2, 40, 40), (8, 16, 4), (1, 64, 8))
                    for nq, nk in ((1280, 4096), (1792, 2560), (1152, 3584), (6144, 1024), (12288, 896), (2560, 1280),
                                   (5120, 1152))]

@@ -62,7 +62,7 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
     long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
                   if s.pairs_causal_long < s.pairs_causal else "")
     return (f"  to SDPA (cuDNN first): {wide}"
-            f"calls with L = 3 Nq Nk / (Nq + 2 Nk) below {s.length}{non_causal}, causal {s.length_causal} "
+            f"calls with L = 2 Nq Nk / (Nq + Nk) below {s.length}{non_causal}, causal {s.length_causal} "
             f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
             f"{s.length_causal_padded} at 64 < D < 128), {s.length_192} at 128 < D <= 192 (causal "
             f"{s.length_causal_192}, and B*H*Nq*Nk below {_count(s.pairs_192)}; with "

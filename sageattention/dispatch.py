@@ -63,9 +63,12 @@ class HandOver(NamedTuple):
     head dims above ``head_dim_above``, and calls too small for the quantized kernel to beat
     SDPA (:func:`short_call`).
 
-    A call's length is ``L = 3·Nq·Nk / (Nq + 2·Nk)``: ``N`` when ``Nq == Nk``, and in general the
-    attention's work (``Nq·Nk``) over the tokens the quantization pass reads (Q, K and V), scaled
-    so. Below ``length`` (non-causal calls at head dims up to 128: ``length_unaligned`` where Nq or
+    A call's length is ``L = 2·Nq·Nk / (Nq + Nk)``, the harmonic mean of its query and key counts:
+    ``N`` when ``Nq == Nk``, and in general the attention's work (``Nq·Nk``) over the tokens it
+    reads, queries and keys weighed alike (until 2026-11-28 ``3·Nq·Nk / (Nq + 2·Nk)``, keys
+    counted twice for K and V: on the kernel of that day it handed over calls with fewer queries
+    than keys that the kernel won by up to 21 %, and kept calls with more queries than keys that
+    cuDNN won by up to 17 %; bench/HANDOVER.md, "Decode, cross-attention and Nq ≠ Nk"). Below ``length`` (non-causal calls at head dims up to 128: ``length_unaligned`` where Nq or
     Nk is not a multiple of :data:`CUDNN_TILE`, which cuDNN runs slower per pair; with
     :data:`GQA_GROUP` or more query heads per K/V head ``length_gqa``, at least
     ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls,
@@ -416,8 +419,8 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
             pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
-    # L < length, without the division: 3 Nq Nk < length (Nq + 2 Nk)
-    return 3 * len_q * len_k < length * (len_q + 2 * len_k) or batch * heads_q * len_q * len_k < pairs
+    # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
+    return 2 * len_q * len_k < length * (len_q + len_k) or batch * heads_q * len_q * len_k < pairs
 
 
 #: The head dims torch's cuDNN attention runs on sm90 (torch's check_cudnn_tensor_shapes):

@@ -34,9 +34,10 @@ lengths since (1344, and 1664 for multiples of 128); ``unaligned`` and ``unalign
 dims 64 and 128 at lengths between multiples of 128 beside the multiples around their limits
 (whose ladders had only multiples of 128), ``unaligned-check`` other non-causal calls around the
 limits set on it; ``rect-edge`` non-causal calls with Nq != Nk around the limits (L from about
-1200 to 2600 each way, with and without GQA); ``rect-edge-check`` other heads, groups and lengths of that kind, to
-check the length formula set on it; ``rect-long-q`` many queries on few keys (4k-32k on 768-1280), where
-the runs of 2026-11-24 had the kernel ahead at 16k-32k on 1024; ``odd-dims`` head dims that are
+1200 to 2600 each way, with and without GQA); ``rect-edge-check`` other heads, groups and
+lengths of that kind, to check the length formula set on it; ``rect-long-q`` many queries on few
+keys (4k-32k on 768-1280), where the runs of 2026-11-24 had the kernel ahead at 16k-32k on 1024;
+``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
 ``causal-rect`` holds causal calls with Nq != Nk (top-left: query i sees keys 0..i); ``gqa``
@@ -190,9 +191,10 @@ RECT_EDGE = [(4, 32, hkv, nq, nk, d, False) for d in (128, 64) for hkv in (32, 8
                             (1536, 4096), (2048, 4096), (2048, 1024), (3072, 1024), (4096, 1024), (4096, 768),
                             (8192, 512), (8192, 768), (3072, 1536), (4096, 1536))]
 # other heads (2 x 40, 8 x 16 / 4, 1 x 64 / 8) and lengths than rect-edge, with fewer queries than
-# keys and with more, around the length 7 Nq Nk / (3 Nq + 4 Nk) fitted on rect-edge and the runs before
-# (it did not hold there; the harmonic mean 2 Nq Nk / (Nq + Nk) did better and is the length since)
-RECT_EDGE_CHECK = [(b, h, hkv, nq, nk, d, False) for d in (128, 64) for b, h, hkv in ((2, 40, 40), (8, 16, 4), (1, 64, 8))
+# keys and with more, around the length 7 Nq Nk / (3 Nq + 4 Nk) fitted on rect-edge and the runs
+# before (it did not hold there; the harmonic mean 2 Nq Nk / (Nq + Nk) did better: the length since)
+RECT_EDGE_CHECK = [(b, h, hkv, nq, nk, d, False) for d in (128, 64)
+                   for b, h, hkv in ((2, 40, 40), (8, 16, 4), (1, 64, 8))
                    for nq, nk in ((1280, 4096), (1792, 2560), (1152, 3584), (6144, 1024), (12288, 896), (2560, 1280),
                                   (5120, 1152))]
 # many queries on few keys (cross-attention to a short context): the 2026-11-24 runs (older kernel)

@@ -65,11 +65,9 @@ class HandOver(NamedTuple):
 
     A call's length is ``L = 2·Nq·Nk / (Nq + Nk)``, the harmonic mean of its query and key counts:
     ``N`` when ``Nq == Nk``, and in general the attention's work (``Nq·Nk``) over the tokens it
-    reads, queries and keys weighed alike (until 2026-11-28 ``3·Nq·Nk / (Nq + 2·Nk)``, keys
-    counted twice for K and V: on the kernel of that day it handed over calls with fewer queries
-    than keys that the kernel won by up to 21 %, and kept calls with more queries than keys that
-    cuDNN won by up to 17 %; bench/HANDOVER.md, "Decode, cross-attention and Nq ≠ Nk"). Below ``length`` (non-causal calls at head dims up to 128: ``length_unaligned`` where Nq or
-    Nk is not a multiple of :data:`CUDNN_TILE`, which cuDNN runs slower per pair; with
+    reads, queries and keys weighed alike (why, and the length before it: bench/HANDOVER.md,
+    "Decode, cross-attention and Nq ≠ Nk"). Below ``length`` (non-causal calls at head dims up to
+    128: ``length_unaligned`` where Nq or Nk is not a multiple of :data:`CUDNN_TILE`, which cuDNN runs slower per pair; with
     :data:`GQA_GROUP` or more query heads per K/V head ``length_gqa``, at least
     ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls,
     ``length_causal_d64`` for causal calls with head dim <= 64, ``length_padded`` for head dims

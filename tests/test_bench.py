@@ -4,6 +4,7 @@
 import os
 import time
 from collections import Counter
+
 import pytest
 
 from helpers import bench_script

@@ -58,7 +58,7 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
     non_causal = ("" if s.length_unaligned == s.length_gqa == s.length_gqa_aligned == s.length else
                   f" (non-causal at D <= 128: {s.length_unaligned} where Nq or Nk is not a multiple of "
                   f"{dispatch.CUDNN_TILE}; with {g} or more query heads per K/V head {s.length_gqa}, "
-                  f"{dispatch._on_tile(s.length_gqa, s.length_gqa_aligned, True)} where both are)")
+                  f"{dispatch.on_tile(s.length_gqa, s.length_gqa_aligned, True)} where both are)")
     long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
                   if s.pairs_causal_long < s.pairs_causal else "")
     return (f"  to SDPA (cuDNN first): {wide}"

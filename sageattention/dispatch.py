@@ -371,7 +371,7 @@ def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Opti
     return c.backend, tuple(sorted(c.options.items())), tuple(c.hand_over) if c.hand_over is not None else None
 
 
-def _on_tile(length: int, length_aligned: int, aligned: bool) -> int:
+def on_tile(length: int, length_aligned: int, aligned: bool) -> int:
     """A GQA length limit, at least ``length_aligned`` for calls whose Nq and Nk are multiples of
     :data:`CUDNN_TILE` (``aligned``: cuDNN runs those best, so the kernel passes it later)."""
     return max(length, length_aligned) if aligned else length
@@ -405,7 +405,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     elif head_dim <= 128:  # non-causal: cuDNN runs lengths off its tile slower, and GQA calls
         # quantize K and V of fewer heads
         if gqa:
-            length = _on_tile(lim.length_gqa, lim.length_gqa_aligned, aligned)
+            length = on_tile(lim.length_gqa, lim.length_gqa_aligned, aligned)
         elif not aligned:
             length = lim.length_unaligned
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
@@ -413,7 +413,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)
             pairs = max(pairs, lim.pairs_192_gqa if gqa else lim.pairs_192)
         else:  # as they are: the H200's GQA limits are below those of head dims up to 128
-            length = _on_tile(lim.length_192_gqa, lim.length_192_gqa_aligned, aligned) if gqa else lim.length_192
+            length = on_tile(lim.length_192_gqa, lim.length_192_gqa_aligned, aligned) if gqa else lim.length_192
             pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)

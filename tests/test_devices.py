@@ -206,3 +206,12 @@ def test_varlen_offsets_on_the_other_gpu_are_refused():
     cu = torch.tensor([0, 17, 40], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seqlens_k is on cuda:1 but q is on cuda:0"):
         sa.sageattn_varlen(q, q, q, cu, cu.to("cuda:1"), 23, 23)
+
+
+def test_the_kernel_check_sees_a_launch_on_the_current_gpu():
+    """The profiler check above can fail: a call with its work on cuda:1 that also launches one
+    kernel on the current GPU is seen on both."""
+    _two_gpus()
+    x = torch.ones(4, device="cuda:1")
+    res, where = _run_where(lambda: (x + 1, torch.ones(4, device="cuda:0") * 2))
+    assert where == {0, 1} and res[0].device == torch.device("cuda:1")

@@ -1,6 +1,6 @@
 """Tensors on a GPU that is not the current one. A process with two GPUs calls sageattention with
 tensors on cuda:1 while cuda:0 is current (the default): every kernel must run on the tensors'
-GPU, on that GPU's current stream, and leave the current device as it was. Each call is compared,
+GPU and leave the current device (and its current stream) as they were. Each call is compared,
 bit for bit, with the same call on cuda:0 (the same kernels on the same kind of GPU give the same
 bits). Equal bits alone would not show a kernel launched on the wrong GPU: once torch has copied
 between the two it enables peer access, and a kernel on cuda:0 then reads and writes cuda:1's
@@ -85,12 +85,13 @@ def test_every_function_runs_on_the_tensors_gpu(fn, shape, lse):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_side_stream_of_the_other_gpu(layout):
     """A call on cuda:1 under a side stream of cuda:1 (`with torch.cuda.stream(s)`, which also
-    makes cuda:1 current) runs on that stream: waiting on it alone is enough to read the result."""
+    makes cuda:1 current while it lasts): the kernels on cuda:1, cuda:0's bits, cuda:0 current after."""
     _two_gpus()
     q, k, v = make_qkv(1, 16, 16, 4096, 4096, 64, torch.float16, layout, "cuda:1", seed=5)
     want = sa.sageattn(q.to("cuda:0"), k.to("cuda:0"), v.to("cuda:0"), tensor_layout=layout)
     s = torch.cuda.Stream(device="cuda:1")
     s.wait_stream(torch.cuda.current_stream(1))
+
     def call():
         with torch.cuda.stream(s):
             return sa.sageattn(q, k, v, tensor_layout=layout)
@@ -127,13 +128,15 @@ def test_varlen_on_the_other_gpu(offsets_on, causal):
 
 def test_compiled_on_the_other_gpu():
     """torch.compile(fullgraph=True) around sageattn, traced and run with tensors on cuda:1:
-    the eager bits, on cuda:1."""
+    the eager bits, on cuda:1, its kernels on cuda:1 once compiled."""
     _two_gpus()
     torch._dynamo.reset()
     compiled = torch.compile(sa.sageattn, fullgraph=True)
     for n, causal in ((300, False), (4096, True)):
         q, k, v = make_qkv(1, 16, 16, n, n, 128, torch.bfloat16, "HND", "cuda:1", k_bias=1.0, seed=n)
-        got = compiled(q, k, v, is_causal=causal, return_lse=True)
+        compiled(q, k, v, is_causal=causal, return_lse=True)  # traced and compiled here
+        got, where = _run_where(lambda: compiled(q, k, v, is_causal=causal, return_lse=True))
+        assert where == {1}, f"kernels ran on GPUs {sorted(where)}"
         assert _devices(got) == {torch.device("cuda:1")}
         assert _same(got, sa.sageattn(q, k, v, is_causal=causal, return_lse=True)), (n, causal)
     assert torch.cuda.current_device() == 0
@@ -141,7 +144,7 @@ def test_compiled_on_the_other_gpu():
 
 def test_cuda_graph_captured_on_the_other_gpu():
     """sageattn captured in a CUDA graph on cuda:1 (capture needs its device current), replayed
-    on new inputs: eager's bits."""
+    on new inputs: eager's bits, the replay's kernels on cuda:1."""
     _two_gpus()
 
     def inputs(seed):
@@ -154,7 +157,8 @@ def test_cuda_graph_captured_on_the_other_gpu():
         new = inputs(seed)
         for dst, src in zip((q, k, v), new):
             dst.copy_(src)
-        graph.replay()
+        _, where = _run_where(graph.replay)
+        assert where == {1}, f"the replay ran kernels on GPUs {sorted(where)}"
         assert _same(o, sa.sageattn(*new)), f"replay with seed {seed}"
 
 

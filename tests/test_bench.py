@@ -459,3 +459,14 @@ def test_route_check_refuses_an_unknown_limit_and_a_missing_run(tmp_path, monkey
     _crossover_run(tmp_path, monkeypatch, [(4, 32, 1024, 128, False, False, 60.0, 95.0, 90.0)], device="Tesla T4")
     with pytest.raises(SystemExit, match="no sm90 hand-over row"):
         route_check.main(["run-crossover-x"])
+
+
+def test_pairs_ab_shapes_and_tiles():
+    """bench/pairs_ab.py: BxHxN[/G] shapes, and its default shapes' 192-row tile counts per head
+    (odd ones are the point of the A/B; 16384 is the even control)."""
+    pairs_ab = bench_script("pairs_ab", "bench_pairs_ab")
+    assert pairs_ab.parse("4x32x8192/8") == (4, 32, 8192, 8)
+    assert pairs_ab.parse("1x40x8192") == (1, 40, 8192, 40)
+    counts = {s: pairs_ab.tiles_per_head(pairs_ab.parse(s)[2]) for s in pairs_ab.SHAPES}
+    assert counts["4x32x2048"] == 11 and counts["4x32x8192"] == 43 and counts["1x32x32768"] == 171
+    assert counts["4x32x5000"] == 27 and counts["4x32x16384"] == 86

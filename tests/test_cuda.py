@@ -344,14 +344,54 @@ def test_sm90_v_two_terms_meet_the_accuracy_bar():
     assert cos >= 0.9995 and rel_l1 <= 0.03, (cos, rel_l1)
 
 
+def _straddling_pairs(b, hq, hk, nq):
+    """The CTA pairs (tiles w, w + 1, w even) of a D=128 three-consumer call whose two tiles lie
+    in different query heads, split by whether those heads share a K/V head: (shared, not)."""
+    ntq = -(-(-(-nq // 128) * 128) // 192)  # 192-row tiles per head over the padded rows
+    shared = own = 0
+    for w in range(0, b * hq * ntq, 2):
+        bh0, bh1 = w // ntq, (w + 1) // ntq
+        if bh0 != bh1:
+            kv = [(bh // hq, (bh % hq) // (hq // hk)) for bh in (bh0, bh1)]
+            shared, own = shared + (kv[0] == kv[1]), own + (kv[0] != kv[1])
+    return shared, own
+
+
+@pytest.mark.parametrize("hq,hk,layout,terms", [(6, 6, "HND", 1), (40, 8, "NHD", 1), (10, 2, "HND", 2)])
+def test_sm90_cluster_pairs_across_query_heads_agree(hq, hk, layout, terms, monkeypatch):
+    """With an odd number of work tiles per head (2000 queries: 11 tiles of 192 rows) some pairs
+    of CTAs hold the last tile of one query head and the first of the next. Under GQA within one
+    group those two read the same K and V, and the pair shares them as it does inside a head;
+    otherwise each CTA loads whole tiles of its own K/V head. Both kinds must give the bits of
+    one CTA per SM (a half tile from the wrong head would show), and be close to the reference."""
+    fn, ext = _need(SM90)
+    shared, own = _straddling_pairs(3, hq, hk, 2000)
+    assert own > 0 and (hq == hk or shared > 0), (shared, own)  # the shapes hold the cases they name
+    q, k, v = make_qkv(3, hq, hk, 2000, 3000, 128, torch.bfloat16, layout, "cuda", k_bias=1.0, seed=hq + terms)
+    o, lse = _single_and_paired(
+        lambda: fn(q, k, v, tensor_layout=layout, return_lse=True, v_fp8_terms=terms), monkeypatch)
+    opts = cuda_defaults(SM90)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16,
+                                 v_fp8_terms=terms)
+    ro, rl = attention_quantized(q, k, v, layout, False, None, True, cfg)
+    assert_close_to_reference(o, ro, torch.bfloat16, f"sm90 pairs across heads {hq}/{hk}", fp8=True)
+    assert_lse_close_to_reference(lse, rl)
+
+
 def test_sm90_cluster_pairs_only_where_they_fit(monkeypatch):
-    """Pairs need two neighbouring tiles of one head: an odd number of tiles per head (2048
-    queries: 11 tiles of 192 rows), causal calls and D=64 keep one CTA per SM."""
+    """Pairs need an even number of work tiles in all (every CTA of a pair gets a tile): 2048
+    queries give 11 tiles of 192 rows per head, so 8 heads pair up and 7 do not. Causal calls
+    (tiles of unequal length, from a counter) and D=64 keep one CTA per SM."""
     fn, _ = _need(SM90)
     monkeypatch.delenv("SAGEATTN_SM90_CLUSTER", raising=False)
+    pairs = {2} if torch.cuda.get_device_properties(0).multi_processor_count == 132 else {1, 2}
     q, k, v = make_qkv(1, 8, 8, 2048, 2048, 128, torch.bfloat16, "HND", "cuda", seed=3)
-    assert _sm90_d128_variants(lambda: fn(q, k, v)) == {1}
+    assert _sm90_d128_variants(lambda: fn(q, k, v)) <= pairs
     assert _sm90_d128_variants(lambda: fn(q, k, v, is_causal=True)) <= {1}
+    q7, k7, v7 = (t[:, :7] for t in (q, k, v))
+    assert _sm90_d128_variants(lambda: fn(q7, k7, v7)) == {1}
+    q64, k64, v64 = make_qkv(1, 8, 8, 2048, 2048, 64, torch.bfloat16, "HND", "cuda", seed=3)
+    assert {cl for d, _, cl, _ in _sm90_kernels(lambda: fn(q64, k64, v64)) if d == 64} == {1}
 
 
 @pytest.mark.parametrize("backend", ALL)

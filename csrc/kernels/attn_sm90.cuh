@@ -27,7 +27,8 @@
 //     slower (bench/NOTES.md).
 // setmaxnreg moves registers from the producer (which needs few) to the consumers.
 // At D=128 with three consumers, non-causal, CTAs may run in clusters of two that share each
-// K and V tile: every producer loads half of it and multicasts it to both (CL = 2 below).
+// K and V tile: every producer loads half of it and multicasts it to both (CL = 2 below;
+// a pair whose two work tiles read different K/V heads loads whole tiles, each its own).
 //
 // With VX = 2 (v_fp8_terms=2) V^T comes as two e4m3 terms per value and the PV product runs
 // over both into one accumulator (Sm90Shape's comment).
@@ -196,11 +197,13 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
 
 // gridDim.x CTAs (one per SM, or one per tile) take work tiles w: blockIdx.x first, then
 // blockIdx.x + i * gridDim.x or, with p.tile_counter, gridDim.x + the counter's next value.
-// CL = 2: clusters of two CTAs whose work tiles are always two neighbouring tiles of one head
-// (fixed stride, an even grid and an even number of tiles per head: sm90_cluster_ok); each
-// CTA's producer loads half of every K and V tile and multicasts it to both, so the pair reads
-// the head's K and V from L2 once instead of twice (at the power cap that traffic costs
-// clock: bench/NOTES.md). The consumers are the same.
+// CL = 2: clusters of two CTAs whose work tiles are always two neighbouring tiles w and w ^ 1
+// (fixed stride, an even grid and an even tile count: sm90_cluster_ok). Where both read the
+// same K/V head (one query head's tiles, or the two query heads around a head boundary when
+// they are in one GQA group), each CTA's producer loads half of every K and V tile and
+// multicasts it to both, so the pair reads K and V from L2 once instead of twice (at the power
+// cap that traffic costs clock: bench/NOTES.md); a pair straddling two K/V heads loads its own.
+// The consumers are the same.
 // VL: packed sequences (p.seq_q, p.seq_k), built apart so that the other instances keep their
 // registers (per-tile key counts cost the D=128 three-consumer loop 52 bytes more spill).
 // DA < D: the columns computed (Sm90Shape).
@@ -276,9 +279,20 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
       tma_prefetch_desc(&a.tv);
       int c = 0;  // K/V tiles loaded so far by this CTA: ring slot c % ST, use c / ST
       const uint32_t rank = CL == 2 ? cluster_rank() : 0u;  // its part of each K/V tile
-      auto load_kv = [&](void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-        if constexpr (CL == 1) tma_load_2d(dst, map, c0, c1, bar);
-        else tma_load_2d_multicast(dst, map, c0, c1, bar, 3);  // into both CTAs
+      // A K or V tile of slot `dst`, at tensor coordinates (c0, c1): whole (CL = 1); with CL = 2,
+      // where the pair's two work tiles read the same K/V head (`shared`), this CTA's half
+      // (part `rank`: `part` bytes on, rows c1 + rank * rows) into both CTAs, else both halves
+      // into this CTA only (the pair's tiles straddle two K/V heads; the maps' boxes are halves).
+      bool shared = true;
+      auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, int c0, int c1, int part, int rows, uint64_t* bar) {
+        if constexpr (CL == 1) {
+          tma_load_2d(dst, map, c0, c1, bar);
+        } else if (shared) {
+          tma_load_2d_multicast(dst + rank * part, map, c0, c1 + static_cast<int>(rank) * rows, bar, 3);
+        } else {
+          tma_load_2d(dst, map, c0, c1, bar);
+          tma_load_2d(dst + part, map, c0, c1 + rows, bar);
+        }
       };
       // The CTA's work tiles: blockIdx.x first, then every gridDim.x-th, or (tile_counter) the
       // next unclaimed one, claimed when this tile's loads are all issued (a few key tiles
@@ -302,6 +316,12 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
         const Sm90Tile tl = sm90_tile<S::kBQ, VL>(p, w);
         const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
+        if constexpr (CL == 2) {
+          // the other CTA of the pair runs tile w ^ 1 (fixed stride, even grid and tile count):
+          // the same K/V head within a query head, or across two query heads of one GQA group
+          const Sm90Tile pt = sm90_tile<S::kBQ, VL>(p, w ^ 1);
+          shared = static_cast<int64_t>(pt.b) * p.heads_kv + pt.h / hpk == bhk;
+        }
         mbar_expect_tx(&full_q[qb], S::kQBytes);
 #pragma unroll
         for (int sp = 0; sp < S::kSpans; ++sp)
@@ -322,25 +342,26 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
           if (c >= ST) {
             mbar_wait(&empty[st], ((c / ST) & 1) ^ 1);
             if constexpr (CL == 2) {
-              // slot st is rewritten in both CTAs: tell the other CTA this one's consumers are
-              // done with it, and wait for its word that its consumers are done too
+              // slot st may be rewritten in both CTAs: tell the other CTA this one's consumers
+              // are done with it, and wait for its word that its consumers are done too (also
+              // for tiles the pair does not share, so that both keep the barrier's phases)
               mbar_arrive_cluster(&peer_empty[st], rank ^ 1);
               mbar_wait(&peer_empty[st], ((c / ST) & 1) ^ 1);
             }
           }
-          // the whole tile lands here; with CL = 2 this CTA loads its half (the other CTA's half
-          // may come first) into both CTAs
+          // the whole tile lands here; with CL = 2 and a shared tile this CTA loads its half
+          // (the other CTA's half may come first) into both CTAs
           if constexpr (!S::kSepK) {
             static_assert(S::kSpans == 1, "K rows in one span");
             mbar_expect_tx(&full_k[st], S::kKBytes);
-            load_kv(smem + S::kOffK + st * S::kKBytes + rank * (S::kKBytes / CL), &a.tk, 0,
-                    static_cast<int>(bhk * p.nk_pad + kb * BK + rank * (BK / CL)), &full_k[st]);
+            load_kv(smem + S::kOffK + st * S::kKBytes, &a.tk, 0, static_cast<int>(bhk * p.nk_pad + kb * BK),
+                    S::kKBytes / CL, BK / CL, &full_k[st]);
           }
           mbar_expect_tx(&full_v[st], VX * S::kVBytes);
 #pragma unroll
           for (int tm = 0; tm < VX; ++tm)  // V^T rows of term tm: (bhk * VX + tm) * D on, DA of them
-            load_kv(smem + S::kOffV + st * S::kVStride + tm * S::kVTerm + rank * (S::kVBytes / CL), &a.tv, kb * BK,
-                    static_cast<int>((bhk * VX + tm) * D + rank * (DA / CL)), &full_v[st]);
+            load_kv(smem + S::kOffV + st * S::kVStride + tm * S::kVTerm, &a.tv, kb * BK,
+                    static_cast<int>((bhk * VX + tm) * D), S::kVBytes / CL, DA / CL, &full_v[st]);
         }
         w = next_tile(w);
       }
@@ -696,7 +717,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
 cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int v_rows, int q_rows, int kv_parts, Sm90Args& a);
 int sm90_grid(int64_t tiles);
 int sm90_consumers(const AttnParams& p, int head_dim);
-bool sm90_cluster_ok(const AttnParams& p, int bq, int64_t tiles, int grid);
+bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid);
 
 // Work tiles of one call with BQ-row tiles (the last of each head may be partly filled).
 inline int64_t sm90_tiles(const AttnParams& p, int bq) {
@@ -760,7 +781,7 @@ cudaError_t attn_sm90_launch(const AttnParams& p, cudaStream_t stream) {
   // pairs of CTAs sharing K and V: D=128 with three consumers (long sequences), the only shape
   // where it was measured to pay (bench/NOTES.md)
   if constexpr (D == 128 && NC == 3) {
-    if (sm90_cluster_ok(p, S::kBQ, tiles, grid) && 2 * sm90_resident_pairs<D, NC, VX, DA>() >= grid)
+    if (sm90_cluster_ok(p, tiles, grid) && 2 * sm90_resident_pairs<D, NC, VX, DA>() >= grid)
       return attn_sm90_run<D, NC, 2, VX, false, DA>(p, stream, grid, static_cast<int>(tiles));
   }
   return attn_sm90_run<D, NC, 1, VX, false, DA>(p, stream, grid, static_cast<int>(tiles));

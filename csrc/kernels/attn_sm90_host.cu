@@ -106,13 +106,15 @@ int sm90_consumers(const AttnParams& p, int head_dim) {
   return p.nk >= nc3_keys ? 3 : 2;
 }
 
-bool sm90_cluster_ok(const AttnParams& p, int bq, int64_t tiles, int grid) {
+bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {
   const char* e = std::getenv("SAGEATTN_SM90_CLUSTER");  // read per call: A/B runs in one process
   if (e && e[0] == '0' && e[1] == '\0') return false;
-  // the fixed stride (no tile counter) with an even grid gives CTAs 2i and 2i + 1 the tiles
-  // w and w + 1, w even: one head's neighbours when every head has an even number of tiles
-  const int ntq = (p.nq_pad + bq - 1) / bq;
-  return !p.causal && !p.tile_counter && ntq % 2 == 0 && tiles % 2 == 0 && grid % 2 == 0;
+  // the fixed stride (no tile counter) with an even grid and an even tile count gives CTAs 2i
+  // and 2i + 1 the tiles w and w + 1, w even, always both: neighbours in one head, or the last
+  // tile of one query head and the first of the next (when a head has an odd number of tiles),
+  // which share K and V under GQA within a group and load their own otherwise (the kernel's
+  // producer decides per tile)
+  return !p.causal && !p.tile_counter && tiles % 2 == 0 && grid % 2 == 0;
 }
 
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {

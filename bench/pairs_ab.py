@@ -1,0 +1,119 @@
+"""CTA pairs sharing K and V (the D=128 three-consumer kernel's clusters) on and off, end to end,
+beside SDPA's cuDNN backend.
+
+    python bench/pairs_ab.py [--rounds 5] [--shapes BxHxN[/G] ...] [--out DIR] [--tag NAME]
+
+For each shape (G: K/V heads, GQA; default H) this prints the end-to-end GPU time (do_bench
+median, quantization included) of the sm90 function with pairs off (SAGEATTN_SM90_CLUSTER=0)
+and as shipped, and cuDNN's; the three rotate within each round so that the board's state
+(power cap, temperature) spreads over all of them. The default shapes have an odd number of
+192-row work tiles per head (2048, 5000, 8192, 32768 queries), which got pairs only once pairs
+could hold two query heads' tiles, plus 16384 (pairs inside heads before too) as a control.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sageattention as sa  # noqa: E402
+from timing import gpu_us  # noqa: E402  (bench/timing.py)
+
+SHAPES = ["4x32x2048", "4x32x5000", "4x32x8192", "4x32x8192/8", "1x40x8192", "1x32x32768", "4x32x16384"]
+SETTINGS = {"off": "0", "shipped": None}
+
+
+def parse(shape: str) -> tuple[int, int, int, int]:
+    dims, _, g = shape.partition("/")
+    b, h, n = (int(x) for x in dims.split("x"))
+    return b, h, n, int(g) if g else h
+
+
+def tiles_per_head(n: int) -> int:
+    return math.ceil(math.ceil(n / 128) * 128 / 192)
+
+
+def timed(setting: str, fn) -> float:
+    val = SETTINGS[setting]
+    old = os.environ.pop("SAGEATTN_SM90_CLUSTER", None)
+    if val is not None:
+        os.environ["SAGEATTN_SM90_CLUSTER"] = val
+    try:
+        return gpu_us(fn)
+    finally:
+        os.environ.pop("SAGEATTN_SM90_CLUSTER", None)
+        if old is not None:
+            os.environ["SAGEATTN_SM90_CLUSTER"] = old
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--shapes", nargs="+", default=SHAPES, metavar="BxHxN[/G]")
+    ap.add_argument("--out", type=Path, default=None, help="write <date>-<gpu>-<commit>-pairs[-tag].md/.json here")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    if "SAGEATTN_SM90_CLUSTER" in os.environ:
+        sys.exit("unset SAGEATTN_SM90_CLUSTER: this script sets it per measurement")
+    props = torch.cuda.get_device_properties(0)
+    rows = []
+    for shape in args.shapes:
+        b, h, n, g = parse(shape)
+        q = torch.randn(b, h, n, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, g, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)  # noqa: E731
+
+        def cudnn():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=g != h)
+
+        names = list(SETTINGS) + ["cudnn"]
+        times = {x: [] for x in names}
+        for r in range(args.rounds):
+            for x in names[r % len(names):] + names[: r % len(names)]:
+                times[x].append(gpu_us(cudnn) if x == "cudnn" else timed(x, sm90))
+        med = {x: statistics.median(t) for x, t in times.items()}
+        tops = {x: 4 * b * h * n * n * 128 / (med[x] * 1e-6) / 1e12 for x in names}
+        row = {"shape": shape, "b": b, "h": h, "n": n, "kv_heads": g, "tiles_per_head": tiles_per_head(n),
+               "us": med, "tops": tops, "all_us": times}
+        rows.append(row)
+        print(f"{shape}: tiles/head {row['tiles_per_head']}  " + "  ".join(f"{x} {med[x]:.1f} µs ({tops[x]:.0f})" for x in names)
+              + f"  off / shipped {med['off'] / med['shipped']:.4f}", flush=True)
+        del q, k, v
+    commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
+    when = datetime.datetime.now(datetime.timezone.utc)
+    lines = [f"# {props.name}, {when:%Y-%m-%d %H:%M} UTC, commit {commit}: CTA pairs off and on", "",
+             f"torch {torch.__version__}, {props.multi_processor_count} SMs, D=128, bf16, HND, non-causal. "
+             f"Command: `python bench/pairs_ab.py {' '.join(sys.argv[1:])}`", "",
+             "End-to-end GPU time of the sm90 function (µs, median of the rounds' do_bench medians; TOPS in brackets) "
+             "with CTA pairs off (SAGEATTN_SM90_CLUSTER=0) and as shipped, and SDPA's cuDNN. Shape: BxHxN, /G: K/V heads.", "",
+             "| shape | tiles per head | pairs off | shipped | cuDNN | off / shipped |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        m, t = r["us"], r["tops"]
+        lines.append(f"| {r['shape']} | {r['tiles_per_head']} | {m['off']:.1f} ({t['off']:.0f}) | {m['shipped']:.1f} "
+                     f"({t['shipped']:.0f}) | {m['cudnn']:.1f} ({t['cudnn']:.0f}) | {m['off'] / m['shipped']:.4f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        gpu = props.name.replace(" ", "_")
+        stem = f"{when:%Y-%m-%d}-{gpu}-{commit}-pairs{'-' + args.tag if args.tag else ''}"
+        (args.out / f"{stem}.md").write_text(text)
+        (args.out / f"{stem}.json").write_text(json.dumps({"device": props.name, "commit": commit, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

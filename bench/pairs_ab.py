@@ -1,7 +1,7 @@
 """CTA pairs sharing K and V (the D=128 three-consumer kernel's clusters) on and off, end to end,
 beside SDPA's cuDNN backend.
 
-    python bench/pairs_ab.py [--rounds 5] [--shapes BxHxN[/G] ...] [--out DIR] [--tag NAME]
+    python bench/pairs_ab.py [--rounds 5] [--shapes BxHxN[/G] ...] [--power S] [--out DIR] [--tag NAME]
 
 For each shape (G: K/V heads, GQA; default H) this prints the end-to-end GPU time (do_bench
 median, quantization included) of the sm90 function with pairs off (SAGEATTN_SM90_CLUSTER=0)
@@ -9,6 +9,11 @@ and as shipped, and cuDNN's; the three rotate within each round so that the boar
 (power cap, temperature) spreads over all of them. The default shapes have an odd number of
 192-row work tiles per head (2048, 5000, 8192, 32768 queries), which got pairs only once pairs
 could hold two query heads' tiles, plus 16384 (pairs inside heads before too) as a control.
+
+With --power S each measurement is instead S seconds of back-to-back calls under the board's
+energy counter (bench/power.py, needs nvidia-ml-py): time and joules per call and the mean SM
+clock. At the power cap that is far steadier than do_bench's short bursts (on an H200 the
+rounds of one setting agreed within ~0.3 %, where do_bench's medians moved by ~1 %).
 """
 
 from __future__ import annotations
@@ -57,16 +62,30 @@ def timed(setting: str, fn) -> float:
             os.environ["SAGEATTN_SM90_CLUSTER"] = old
 
 
+def sustained(setting: str, fn, meter, seconds: float, ms: float) -> dict:
+    """`seconds` of back-to-back calls of `fn` (each about `ms`) under `setting`."""
+    from power import calls_for  # bench/power.py (nvidia-ml-py)
+
+    return timed(setting, lambda: meter.measure(fn, calls_for(seconds, ms), torch.cuda.synchronize))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shapes", nargs="+", default=SHAPES, metavar="BxHxN[/G]")
     ap.add_argument("--out", type=Path, default=None, help="write <date>-<gpu>-<commit>-pairs[-tag].md/.json here")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
+                    help="time and joules per call from SECONDS of back-to-back calls per measurement")
     args = ap.parse_args()
     if "SAGEATTN_SM90_CLUSTER" in os.environ:
         sys.exit("unset SAGEATTN_SM90_CLUSTER: this script sets it per measurement")
     props = torch.cuda.get_device_properties(0)
+    meter = None
+    if args.power:
+        from power import meter_for_current_gpu  # bench/power.py
+
+        meter = meter_for_current_gpu()
     rows = []
     for shape in args.shapes:
         b, h, n, g = parse(shape)
@@ -82,29 +101,49 @@ def main() -> None:
 
         names = list(SETTINGS) + ["cudnn"]
         times = {x: [] for x in names}
+        energy = {x: [] for x in names}  # (J per call, mean SM MHz) with --power
+        ms = 1e-3 * gpu_us(sm90)
         for r in range(args.rounds):
             for x in names[r % len(names):] + names[: r % len(names)]:
-                times[x].append(gpu_us(cudnn) if x == "cudnn" else timed(x, sm90))
+                if meter is None:
+                    times[x].append(gpu_us(cudnn) if x == "cudnn" else timed(x, sm90))
+                    continue
+                m = sustained("off" if x == "cudnn" else x, cudnn if x == "cudnn" else sm90, meter, args.power, ms)
+                times[x].append(1e6 * m["seconds"] / m["calls"])
+                energy[x].append((m["j_per_call"], m["mhz_mean"]))
         med = {x: statistics.median(t) for x, t in times.items()}
         tops = {x: 4 * b * h * n * n * 128 / (med[x] * 1e-6) / 1e12 for x in names}
         row = {"shape": shape, "b": b, "h": h, "n": n, "kv_heads": g, "tiles_per_head": tiles_per_head(n),
                "us": med, "tops": tops, "all_us": times}
+        if meter is not None:
+            row["j_per_call"] = {x: statistics.median(j for j, _ in e) for x, e in energy.items()}
+            row["mhz"] = {x: statistics.median(c for _, c in e) for x, e in energy.items()}
+            row["all_energy"] = energy
         rows.append(row)
         print(f"{shape}: tiles/head {row['tiles_per_head']}  " + "  ".join(f"{x} {med[x]:.1f} µs ({tops[x]:.0f})" for x in names)
               + f"  off / shipped {med['off'] / med['shipped']:.4f}", flush=True)
         del q, k, v
     commit = os.environ.get("SAGEATTN_COMMIT", "unknown")
     when = datetime.datetime.now(datetime.timezone.utc)
+    how = (f"time per call over {args.power:g} s of back-to-back calls under the energy counter (median of the rounds)"
+           if meter else "median of the rounds' do_bench medians")
     lines = [f"# {props.name}, {when:%Y-%m-%d %H:%M} UTC, commit {commit}: CTA pairs off and on", "",
              f"torch {torch.__version__}, {props.multi_processor_count} SMs, D=128, bf16, HND, non-causal. "
              f"Command: `python bench/pairs_ab.py {' '.join(sys.argv[1:])}`", "",
-             "End-to-end GPU time of the sm90 function (µs, median of the rounds' do_bench medians; TOPS in brackets) "
-             "with CTA pairs off (SAGEATTN_SM90_CLUSTER=0) and as shipped, and SDPA's cuDNN. Shape: BxHxN, /G: K/V heads.", "",
-             "| shape | tiles per head | pairs off | shipped | cuDNN | off / shipped |", "|---|---|---|---|---|---|"]
+             f"End-to-end GPU time of the sm90 function (µs, {how}; TOPS in brackets) "
+             "with CTA pairs off (SAGEATTN_SM90_CLUSTER=0) and as shipped, and SDPA's cuDNN. Shape: BxHxN, /G: K/V heads."
+             + (" J: joules per call, MHz: mean SM clock." if meter else ""), "",
+             "| shape | tiles per head | pairs off | shipped | cuDNN | off / shipped |"
+             + (" J off / shipped | MHz off / shipped |" if meter else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if meter else "")]
     for r in rows:
         m, t = r["us"], r["tops"]
-        lines.append(f"| {r['shape']} | {r['tiles_per_head']} | {m['off']:.1f} ({t['off']:.0f}) | {m['shipped']:.1f} "
-                     f"({t['shipped']:.0f}) | {m['cudnn']:.1f} ({t['cudnn']:.0f}) | {m['off'] / m['shipped']:.4f} |")
+        line = (f"| {r['shape']} | {r['tiles_per_head']} | {m['off']:.1f} ({t['off']:.0f}) | {m['shipped']:.1f} "
+                f"({t['shipped']:.0f}) | {m['cudnn']:.1f} ({t['cudnn']:.0f}) | {m['off'] / m['shipped']:.4f} |")
+        if meter:
+            j, c = r["j_per_call"], r["mhz"]
+            line += f" {j['off']:.4f} / {j['shipped']:.4f} | {c['off']:.0f} / {c['shipped']:.0f} |"
+        lines.append(line)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -49,24 +49,29 @@ def tiles_per_head(n: int) -> int:
     return math.ceil(math.ceil(n / 128) * 128 / 192)
 
 
-def timed(setting: str, fn) -> float:
+def under(setting: str, measure):
+    """`measure()` with SAGEATTN_SM90_CLUSTER as `setting` has it (read by the op per call)."""
     val = SETTINGS[setting]
     old = os.environ.pop("SAGEATTN_SM90_CLUSTER", None)
     if val is not None:
         os.environ["SAGEATTN_SM90_CLUSTER"] = val
     try:
-        return gpu_us(fn)
+        return measure()
     finally:
         os.environ.pop("SAGEATTN_SM90_CLUSTER", None)
         if old is not None:
             os.environ["SAGEATTN_SM90_CLUSTER"] = old
 
 
+def timed(setting: str, fn) -> float:
+    return under(setting, lambda: gpu_us(fn))
+
+
 def sustained(setting: str, fn, meter, seconds: float, ms: float) -> dict:
     """`seconds` of back-to-back calls of `fn` (each about `ms`) under `setting`."""
     from power import calls_for  # bench/power.py (nvidia-ml-py)
 
-    return timed(setting, lambda: meter.measure(fn, calls_for(seconds, ms), torch.cuda.synchronize))
+    return under(setting, lambda: meter.measure(fn, calls_for(seconds, ms), torch.cuda.synchronize))
 
 
 def main() -> None:

@@ -470,3 +470,15 @@ def test_pairs_ab_shapes_and_tiles():
     counts = {s: pairs_ab.tiles_per_head(pairs_ab.parse(s)[2]) for s in pairs_ab.SHAPES}
     assert counts["4x32x2048"] == 11 and counts["4x32x8192"] == 43 and counts["1x32x32768"] == 171
     assert counts["4x32x5000"] == 27 and counts["4x32x16384"] == 86
+
+
+def test_pairs_ab_sets_the_switch_only_for_the_measurement(monkeypatch):
+    """pairs_ab.under: SAGEATTN_SM90_CLUSTER as the setting has it while the measurement runs
+    (the op reads it per call), and as it was afterwards."""
+    pairs_ab = bench_script("pairs_ab", "bench_pairs_ab")
+    monkeypatch.delenv("SAGEATTN_SM90_CLUSTER", raising=False)
+    seen = lambda: os.environ.get("SAGEATTN_SM90_CLUSTER")  # noqa: E731
+    assert pairs_ab.under("off", seen) == "0" and pairs_ab.under("shipped", seen) is None
+    assert seen() is None
+    monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", "1")
+    assert pairs_ab.under("off", seen) == "0" and seen() == "1"

@@ -380,17 +380,24 @@ def test_sm90_cluster_pairs_across_query_heads_agree(hq, hk, layout, terms, monk
 
 def test_sm90_cluster_pairs_only_where_they_fit(monkeypatch):
     """Pairs need an even number of work tiles in all (every CTA of a pair gets a tile): 2048
-    queries give 11 tiles of 192 rows per head, so 8 heads pair up and 7 do not. Causal calls
-    (tiles of unequal length, from a counter) and D=64 keep one CTA per SM."""
+    queries give 11 tiles of 192 rows per head, so 8 heads pair up and 7 do not. They start at
+    SAGE_SM90_PAIR_KEYS (2304) keys, below which they were measured slower; SAGEATTN_SM90_CLUSTER=1
+    pairs there too (the tests' way to check their bits). Causal calls (tiles of unequal length,
+    from a counter) and D=64 keep one CTA per SM."""
     fn, _ = _need(SM90)
     monkeypatch.delenv("SAGEATTN_SM90_CLUSTER", raising=False)
     pairs = {2} if torch.cuda.get_device_properties(0).multi_processor_count == 132 else {1, 2}
-    q, k, v = make_qkv(1, 8, 8, 2048, 2048, 128, torch.bfloat16, "HND", "cuda", seed=3)
+    q, k, v = make_qkv(1, 8, 8, 2048, 2304, 128, torch.bfloat16, "HND", "cuda", seed=3)
     assert _sm90_d128_variants(lambda: fn(q, k, v)) <= pairs
     assert _sm90_d128_variants(lambda: fn(q, k, v, is_causal=True)) <= {1}
     q7, k7, v7 = (t[:, :7] for t in (q, k, v))
     assert _sm90_d128_variants(lambda: fn(q7, k7, v7)) == {1}
-    q64, k64, v64 = make_qkv(1, 8, 8, 2048, 2048, 64, torch.bfloat16, "HND", "cuda", seed=3)
+    k_short, v_short = k[:, :, :2303], v[:, :, :2303]
+    assert _sm90_d128_variants(lambda: fn(q, k_short, v_short)) == {1}
+    monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", "1")
+    assert _sm90_d128_variants(lambda: fn(q, k_short, v_short)) <= pairs
+    monkeypatch.delenv("SAGEATTN_SM90_CLUSTER")
+    q64, k64, v64 = make_qkv(1, 8, 8, 2048, 2304, 64, torch.bfloat16, "HND", "cuda", seed=3)
     assert {cl for d, _, cl, _ in _sm90_kernels(lambda: fn(q64, k64, v64)) if d == 64} == {1}
 
 

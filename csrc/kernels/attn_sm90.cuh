@@ -82,6 +82,14 @@ struct Sm90Args {
 #define SAGE_SM90_NC3_KEYS_CAUSAL_V2 8192
 #endif
 
+// CTA pairs sharing K and V (CL = 2 below) from SAGE_SM90_PAIR_KEYS keys on (sm90_cluster_ok).
+// Measured end to end on an H200 (bench/pairs_ab.py --power 2, 96beac2), time per call with
+// pairs against without: 2048 keys +0.4 %, 2304 0.0, 3072 -0.2, 4096 -0.2, 8192 -0.6 to -0.8,
+// 16384-45000 -0.8 to -0.9 % (`…-96beac2-pairs-power*.md`).
+#ifndef SAGE_SM90_PAIR_KEYS
+#define SAGE_SM90_PAIR_KEYS 2304
+#endif
+
 // DA: the columns computed, D's buffers otherwise. Head dims 65-96 arrive zero-padded to 128
 // (the quantized Q, K and V^T buffers and their tensor maps are D=128's) and run with DA = 96:
 // QK^T over 3 of the 4 32-byte k-steps (the fourth would add the padding's zeros), V^T tiles

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sageattention as sa  # noqa: E402
+from ab_run import with_env, write_run  # noqa: E402  (bench/ab_run.py)
 from timing import gpu_us  # noqa: E402  (bench/timing.py)
 
 SHAPES = ["4x32x2048", "4x32x5000", "4x32x8192", "4x32x8192/8", "1x40x8192", "1x32x32768", "4x32x16384"]
@@ -51,16 +51,7 @@ def tiles_per_head(n: int) -> int:
 
 def under(setting: str, measure):
     """`measure()` with SAGEATTN_SM90_CLUSTER as `setting` has it (read by the op per call)."""
-    val = SETTINGS[setting]
-    old = os.environ.pop("SAGEATTN_SM90_CLUSTER", None)
-    if val is not None:
-        os.environ["SAGEATTN_SM90_CLUSTER"] = val
-    try:
-        return measure()
-    finally:
-        os.environ.pop("SAGEATTN_SM90_CLUSTER", None)
-        if old is not None:
-            os.environ["SAGEATTN_SM90_CLUSTER"] = old
+    return with_env("SAGEATTN_SM90_CLUSTER", SETTINGS[setting], measure)
 
 
 def timed(setting: str, fn) -> float:
@@ -152,11 +143,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        gpu = props.name.replace(" ", "_")
-        stem = f"{when:%Y-%m-%d}-{gpu}-{commit}-pairs{'-' + args.tag if args.tag else ''}"
-        (args.out / f"{stem}.md").write_text(text)
-        (args.out / f"{stem}.json").write_text(json.dumps({"device": props.name, "commit": commit, "rows": rows}, indent=1))
+        write_run(args.out, when, props.name, commit, "pairs", args.tag, text, rows)
 
 
 if __name__ == "__main__":

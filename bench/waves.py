@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sageattention as sa  # noqa: E402
+from ab_run import with_env, write_run  # noqa: E402  (bench/ab_run.py)
 from timing import gpu_us  # noqa: E402  (bench/timing.py)
 
 # (B, H, N): B=1 image and video models' self-attention lengths (text tokens included), LLM-style
@@ -50,16 +50,7 @@ def sdpa_cudnn(q, k, v, causal: bool):
 
 
 def timed(setting: str, fn) -> float:
-    val = SETTINGS[setting]
-    old = os.environ.pop("SAGEATTN_SM90_NC3_KEYS", None)
-    if val is not None:
-        os.environ["SAGEATTN_SM90_NC3_KEYS"] = val
-    try:
-        return gpu_us(fn)
-    finally:
-        os.environ.pop("SAGEATTN_SM90_NC3_KEYS", None)
-        if old is not None:
-            os.environ["SAGEATTN_SM90_NC3_KEYS"] = old
+    return with_env("SAGEATTN_SM90_NC3_KEYS", SETTINGS[setting], lambda: gpu_us(fn))
 
 
 def main() -> None:
@@ -113,11 +104,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        gpu = props.name.replace(" ", "_")
-        stem = f"{when:%Y-%m-%d}-{gpu}-{commit}-waves{'-' + args.tag if args.tag else ''}"
-        (args.out / f"{stem}.md").write_text(text)
-        (args.out / f"{stem}.json").write_text(json.dumps({"device": props.name, "commit": commit, "rows": rows}, indent=1))
+        write_run(args.out, when, props.name, commit, "waves", args.tag, text, rows)
 
 
 if __name__ == "__main__":

@@ -482,3 +482,18 @@ def test_pairs_ab_sets_the_switch_only_for_the_measurement(monkeypatch):
     assert seen() is None
     monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", "1")
     assert pairs_ab.under("off", seen) == "0" and seen() == "1"
+
+
+def test_ab_runs_are_written_under_date_gpu_commit_kind_tag(tmp_path):
+    """bench/ab_run.write_run (waves.py, pairs_ab.py): <date>-<gpu>-<commit>-<kind>[-<tag>] .md
+    holding the table and .json holding the rows with device and commit."""
+    import datetime
+    import json
+    ab_run = bench_script("ab_run", "bench_ab_run")
+    when = datetime.datetime(2026, 11, 28, 9, 0)
+    stem = ab_run.write_run(tmp_path / "r", when, "NVIDIA H200", "abc1234", "pairs", "power", "| t |\n", [{"n": 1}])
+    assert stem.name == "2026-11-28-NVIDIA_H200-abc1234-pairs-power"
+    assert stem.with_suffix(".md").read_text() == "| t |\n"
+    assert json.loads(stem.with_suffix(".json").read_text()) == {"device": "NVIDIA H200", "commit": "abc1234",
+                                                                 "rows": [{"n": 1}]}
+    assert ab_run.write_run(tmp_path, when, "X", "c", "waves", "", "", []).name == "2026-11-28-X-c-waves"

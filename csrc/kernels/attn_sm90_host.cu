@@ -109,11 +109,11 @@ int sm90_consumers(const AttnParams& p, int head_dim) {
 bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {
   // read per call (A/B runs in one process): 0 never pairs, 1 pairs whatever the key count
   const char* e = std::getenv("SAGEATTN_SM90_CLUSTER");
-  const bool set = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0';
-  if (set && e[0] == '0') return false;
+  const bool forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0';
+  if (forced && e[0] == '0') return false;
   // below SAGE_SM90_PAIR_KEYS keys the pair's handshake per ring slot costs more than the L2
   // traffic it saves (the board is less held by its power cap on short calls)
-  if (!set && p.nk < SAGE_SM90_PAIR_KEYS) return false;
+  if (!forced && p.nk < SAGE_SM90_PAIR_KEYS) return false;
   // the fixed stride (no tile counter) with an even grid and an even tile count gives CTAs 2i
   // and 2i + 1 the tiles w and w + 1, w even, always both: neighbours in one head, or the last
   // tile of one query head and the first of the next (when a head has an odd number of tiles),

@@ -2,6 +2,7 @@
 beside SDPA's cuDNN backend.
 
     python bench/pairs_ab.py [--rounds 5] [--shapes BxHxN[/G] ...] [--power S] [--out DIR] [--tag NAME]
+    python bench/pairs_ab.py --switch SAGEATTN_SM90_TAIL=0 --d 64 ...   # another switch, head dim
 
 For each shape (G: K/V heads, GQA; default H) this prints the end-to-end GPU time (do_bench
 median, quantization included) of the sm90 function with pairs off (SAGEATTN_SM90_CLUSTER=0)
@@ -9,6 +10,9 @@ and as shipped, and cuDNN's; the three rotate within each round so that the boar
 (power cap, temperature) spreads over all of them. The default shapes have an odd number of
 192-row work tiles per head (2048, 5000, 8192, 32768 queries), which got pairs only once pairs
 could hold two query heads' tiles, plus 16384 (pairs inside heads before too) as a control.
+
+--switch VAR=VALUE compares another of the op's per-call switches the same way (VAR=VALUE
+against VAR unset), --d the head dim (default 128).
 
 With --power S each measurement is instead S seconds of back-to-back calls under the board's
 energy counter (bench/power.py, needs nvidia-ml-py): time and joules per call and the mean SM
@@ -37,6 +41,7 @@ from timing import gpu_us  # noqa: E402  (bench/timing.py)
 
 SHAPES = ["4x32x2048", "4x32x5000", "4x32x8192", "4x32x8192/8", "1x40x8192", "1x32x32768", "4x32x16384"]
 SETTINGS = {"off": "0", "shipped": None}
+SWITCH = "SAGEATTN_SM90_CLUSTER"  # the variable "off" sets (--switch replaces both)
 
 
 def parse(shape: str) -> tuple[int, int, int, int]:
@@ -50,8 +55,8 @@ def tiles_per_head(n: int) -> int:
 
 
 def under(setting: str, measure):
-    """`measure()` with SAGEATTN_SM90_CLUSTER as `setting` has it (read by the op per call)."""
-    return with_env("SAGEATTN_SM90_CLUSTER", SETTINGS[setting], measure)
+    """`measure()` with SWITCH (SAGEATTN_SM90_CLUSTER) as `setting` has it (read by the op per call)."""
+    return with_env(SWITCH, SETTINGS[setting], measure)
 
 
 def timed(setting: str, fn) -> float:
@@ -73,9 +78,15 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--power", type=float, default=0.0, metavar="SECONDS",
                     help="time and joules per call from SECONDS of back-to-back calls per measurement")
+    ap.add_argument("--switch", default=None, metavar="VAR=VALUE", help="the setting compared with the shipped one")
+    ap.add_argument("--d", type=int, default=128, help="head dim")
     args = ap.parse_args()
-    if "SAGEATTN_SM90_CLUSTER" in os.environ:
-        sys.exit("unset SAGEATTN_SM90_CLUSTER: this script sets it per measurement")
+    global SWITCH
+    if args.switch:
+        SWITCH, _, SETTINGS["off"] = args.switch.partition("=")
+    if SWITCH in os.environ:
+        sys.exit(f"unset {SWITCH}: this script sets it per measurement")
+    d = args.d
     props = torch.cuda.get_device_properties(0)
     meter = None
     if args.power:
@@ -85,8 +96,8 @@ def main() -> None:
     rows = []
     for shape in args.shapes:
         b, h, n, g = parse(shape)
-        q = torch.randn(b, h, n, 128, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, g, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, g, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)  # noqa: E731
 
         def cudnn():
@@ -108,7 +119,7 @@ def main() -> None:
                 times[x].append(1e6 * m["seconds"] / m["calls"])
                 energy[x].append((m["j_per_call"], m["mhz_mean"]))
         med = {x: statistics.median(t) for x, t in times.items()}
-        tops = {x: 4 * b * h * n * n * 128 / (med[x] * 1e-6) / 1e12 for x in names}
+        tops = {x: 4 * b * h * n * n * d / (med[x] * 1e-6) / 1e12 for x in names}
         row = {"shape": shape, "b": b, "h": h, "n": n, "kv_heads": g, "tiles_per_head": tiles_per_head(n),
                "us": med, "tops": tops, "all_us": times}
         if meter is not None:
@@ -123,13 +134,14 @@ def main() -> None:
     when = datetime.datetime.now(datetime.timezone.utc)
     how = (f"time per call over {args.power:g} s of back-to-back calls under the energy counter (median of the rounds)"
            if meter else "median of the rounds' do_bench medians")
-    lines = [f"# {props.name}, {when:%Y-%m-%d %H:%M} UTC, commit {commit}: CTA pairs off and on", "",
-             f"torch {torch.__version__}, {props.multi_processor_count} SMs, D=128, bf16, HND, non-causal. "
+    off = f"{SWITCH}={SETTINGS['off']}"
+    lines = [f"# {props.name}, {when:%Y-%m-%d %H:%M} UTC, commit {commit}: {off} against shipped", "",
+             f"torch {torch.__version__}, {props.multi_processor_count} SMs, D={d}, bf16, HND, non-causal. "
              f"Command: `python bench/pairs_ab.py {' '.join(sys.argv[1:])}`", "",
              f"End-to-end GPU time of the sm90 function (µs, {how}; TOPS in brackets) "
-             "with CTA pairs off (SAGEATTN_SM90_CLUSTER=0) and as shipped, and SDPA's cuDNN. Shape: BxHxN, /G: K/V heads."
+             f"with {off} (off) and as shipped, and SDPA's cuDNN. Shape: BxHxN, /G: K/V heads."
              + (" J: joules per call, MHz: mean SM clock." if meter else ""), "",
-             "| shape | tiles per head | pairs off | shipped | cuDNN | off / shipped |"
+             "| shape | tiles per head | off | shipped | cuDNN | off / shipped |"
              + (" J off / shipped | MHz off / shipped |" if meter else ""),
              "|---|---|---|---|---|---|" + ("---|---|" if meter else "")]
     for r in rows:
@@ -143,7 +155,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        write_run(args.out, when, props.name, commit, "pairs", args.tag, text, rows)
+        write_run(args.out, when, props.name, commit, "pairs" if SWITCH == "SAGEATTN_SM90_CLUSTER" else "switch", args.tag, text, rows)
 
 
 if __name__ == "__main__":

@@ -179,6 +179,32 @@ def test_sm90_narrow_heads_packed(d, causal, monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("b,hq,hk,nq,nk", [
+    (2, 40, 40, 1000, 1000), (2, 40, 8, 2048, 1500), (1, 24, 24, 4096, 700), (3, 8, 2, 17, 300), (1, 16, 16, 2500, 2600)])
+def test_sm90_tail_modes_agree(b, hq, hk, nq, nk, causal, monkeypatch):
+    """D=64 (three consumers, 192-row work tiles): a head whose padded length leaves 64 or 128 rows
+    in its last tile (1000, 4096, 2500: 64; 2048: 128) has one or two consumers there whose rows
+    all lie past the end (17 queries: two, past nq), which then only keep the turns and release the
+    ring slots (SAGEATTN_SM90_TAIL bit 1); non-causal calls also number those tiles after all full
+    ones (bit 2; more tiles than SMs here). Every setting must give the same bits, o and LSE (0:
+    neither, as before), close to the reference."""
+    fn, ext = _need(SM90)
+    q, k, v = make_qkv(b, hq, hk, nq, nk, 64, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=nq + hk)
+    runs = {}
+    for mode in ("0", "1", "2", "3"):
+        monkeypatch.setenv("SAGEATTN_SM90_TAIL", mode)
+        runs[mode] = fn(q, k, v, is_causal=causal, return_lse=True)
+    for mode in ("1", "2", "3"):
+        assert torch.equal(runs[mode][0], runs["0"][0]), f"SAGEATTN_SM90_TAIL={mode}: outputs differ from 0"
+        assert torch.equal(runs[mode][1], runs["0"][1]), f"SAGEATTN_SM90_TAIL={mode}: LSE differs from 0"
+    opts = cuda_defaults(SM90)
+    cfg = _cuda.reference_config(ext, opts["qk_quant_gran"], opts["pv_accum_dtype"], torch.bfloat16)
+    ro, rl = attention_quantized(q, k, v, "HND", causal, None, True, cfg)
+    assert_close_to_reference(runs["3"][0], ro, torch.bfloat16, f"sm90 D=64 tail {nq}/{nk}", fp8=True)
+    assert_lse_close_to_reference(runs["3"][1], rl)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_sm90_tile_schedules_agree(d, causal, monkeypatch):
     """The Hopper kernel's work tiles walked at a fixed stride (causal: one CTA per tile) and

@@ -55,6 +55,11 @@ struct Sm90Args {
   CUtensorMap to;          // O [batch, heads, nq, d_out] (packed: [1, heads, total_q, d_out]) in 64x64 boxes, when o_tma
   int o_tma;               // O is written by TMA (else by plain stores: strides TMA cannot take)
   AttnParams p;
+  // The heads' last, partly filled work tiles (sm90_tail, attn_sm90_host.cu): a consumer whose
+  // 64 rows all lie past the end skips them (skip_idle); head_full > 0: each head has that many
+  // full tiles, tiles_full of them in all, numbered first, and the partial ones come after all
+  // of them (sm90_tile)
+  int skip_idle, head_full, tiles_full;  // (after p: the other instances' parameter offsets stay)
 };
 
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
@@ -181,15 +186,30 @@ __device__ __forceinline__ float ex2_fma(float x) {
 
 // One work tile: BQ (128 or 192) query rows of one (batch, head). Tiles are numbered with the query
 // block fastest, so the CTAs running at one time share a head's K and V in L2; causal
-// tiles of a head go longest first. nq, nk: the batch entry's queries and keys (packed
-// sequences: its own, which may leave the tile empty, nkb = 0; the producer skips those).
+// tiles of a head go longest first. With a.head_full > 0 (192-row tiles, non-causal, each
+// head ending in a partly filled tile) the heads' full tiles come first, then their last
+// tiles, one per head: the fixed stride then gives those cheaper tiles (idle consumers) to the
+// CTAs' last rounds, where the CTAs that run one tile more than the others take one of them.
+// nq, nk: the batch entry's queries and keys (packed sequences: its own, which may leave the
+// tile empty, nkb = 0; the producer skips those).
 struct Sm90Tile {
   int q0, h, b, nkb, nq, nk;
 };
-template <int BQ, bool VL>
-__device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
+template <int BQ, bool VL, bool TAIL>
+__device__ __forceinline__ Sm90Tile sm90_tile(const Sm90Args& a, int w) {
+  const AttnParams& p = a.p;
   const int ntq = BQ == 128 ? p.nq_pad / 128 : (p.nq_pad + BQ - 1) / BQ;  // nq_pad: a multiple of 128
-  const int qi = w % ntq, bh = w / ntq;
+  int qi, bh;
+  if (TAIL && !VL && BQ != 128 && a.head_full > 0) {
+    const int full = a.tiles_full;
+    if (w < full) {
+      qi = w % a.head_full, bh = w / a.head_full;
+    } else {
+      qi = a.head_full, bh = w - full;
+    }
+  } else {
+    qi = w % ntq, bh = w / ntq;
+  }
   Sm90Tile t;
   t.q0 = (p.causal ? ntq - 1 - qi : qi) * BQ;
   t.h = bh % p.heads_q;
@@ -201,6 +221,15 @@ __device__ __forceinline__ Sm90Tile sm90_tile(const AttnParams& p, int w) {
   t.nkb = (kv_lim + kSm90BlockK - 1) / kSm90BlockK;  // >= 1 without packed sequences: nk > 0
   if (VL && t.q0 >= t.nq) t.nkb = 0;
   return t;
+}
+
+// x of lane 0, through an opaque shfl.sync (NVVM folds __shfl_sync of a value it can see is the
+// same in every lane): ptxas then treats the result as uniform, which a value derived from the
+// thread index is not to it
+__device__ __forceinline__ int warp_bcast(int x) {
+  int r;
+  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(r) : "r"(x));
+  return r;
 }
 
 // gridDim.x CTAs (one per SM, or one per tile) take work tiles w: blockIdx.x first, then
@@ -224,6 +253,10 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
   constexpr int NACC = BK / 2;                         // S accumulator registers per thread
   static_assert(BK == 128, "the row maxima below take 16 scores per row and 64-key half");
   constexpr float OFF = 8.807354922057604f;            // log2(448): P scaled into e4m3 range
+  // the heads' last tiles (Sm90Args::skip_idle, head_full): D=64 only. In D=128's three-consumer
+  // key loop the same code made ptxas spill more (766 -> 776 instructions, 15 -> 24 local-memory
+  // ones per key tile), which the split-tile rows of bench/NOTES.md measured as a loss.
+  constexpr bool kTail = D == 64;
   constexpr int kPoly = NC == 2 ? SAGE_SM90_POLY2 : SAGE_SM90_POLY3;
   const AttnParams& p = a.p;
 
@@ -313,7 +346,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
         // packed sequences: tiles past their sequence's end (or of a sequence without keys)
         // are never handed to the consumers, which then take the index from `chan`
         if constexpr (VL)
-          while (w < tiles && sm90_tile<S::kBQ, VL>(p, w).nkb == 0) w = next_tile(w);
+          while (w < tiles && sm90_tile<S::kBQ, VL, kTail>(a, w).nkb == 0) w = next_tile(w);
         const int qb = it % S::kQBufs;
         if (it >= S::kQBufs) mbar_wait(&empty_q[qb], ((it / S::kQBufs) & 1) ^ 1);
         if (chan) chan[qb] = w;  // released to the consumers by the arrival below
@@ -321,13 +354,13 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
           mbar_arrive(&full_q[qb]);
           break;
         }
-        const Sm90Tile tl = sm90_tile<S::kBQ, VL>(p, w);
+        const Sm90Tile tl = sm90_tile<S::kBQ, VL, kTail>(a, w);
         const int64_t bh = static_cast<int64_t>(tl.b) * p.heads_q + tl.h;
         const int64_t bhk = static_cast<int64_t>(tl.b) * p.heads_kv + tl.h / hpk;
         if constexpr (CL == 2) {
           // the other CTA of the pair runs tile w ^ 1 (fixed stride, even grid and tile count):
           // the same K/V head within a query head, or across two query heads of one GQA group
-          const Sm90Tile pt = sm90_tile<S::kBQ, VL>(p, w ^ 1);
+          const Sm90Tile pt = sm90_tile<S::kBQ, VL, kTail>(a, w ^ 1);
           shared = static_cast<int64_t>(pt.b) * p.heads_kv + pt.h / hpk == bhk;
         }
         mbar_expect_tx(&full_q[qb], S::kQBytes);
@@ -423,7 +456,7 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
         if (chan) mbar_wait(&full_q[(it + 1) % S::kQBufs], ((it + 1) / S::kQBufs) & 1);
         return __shfl_sync(0xffffffffu, tile_at(it + 1), 0) >= tiles;
       };
-      const Sm90Tile tl = sm90_tile<S::kBQ, VL>(p, w);
+      const Sm90Tile tl = sm90_tile<S::kBQ, VL, kTail>(a, w);
       const int h = tl.h, b = tl.b, nkb = tl.nkb, nk = VL ? tl.nk : p.nk, c0 = c;
       const int64_t bh = static_cast<int64_t>(b) * p.heads_q + h;
       const int64_t bhk = static_cast<int64_t>(b) * p.heads_kv + h / hpk;
@@ -442,6 +475,9 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
       for (int i = 0; i < DA / 2; ++i) o[i] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
       uint32_t pa[BK / 32][4];  // P of the previous tile, the A operand of its PV product
+#pragma unroll
+      for (int s = 0; s < BK / 32; ++s)
+        if constexpr (kTail) pa[s][0] = pa[s][1] = pa[s][2] = pa[s][3] = 0u;  // (idle: zeros)
 
       // Ring slot and phase of key tile kb, advanced once per tile (no divisions by kStages
       // in the loop), and the slot of tile kb-1. Descriptors of slot st: base + st * bytes/16.
@@ -504,11 +540,30 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
       // latency is not on the path from S to the softmax
       float kn0 = ksp[0], kn1 = ksp[k_groups];
       const float* ksn = ksp + 2 * k_groups;  // the scales of the next key tile
-      mbar_wait(&full_k[st], ph);
+      // Idle (a.skip_idle): all 64 rows of this consumer lie past the end (a head's last tile).
+      // It takes the first nkb turns here, releasing each K/V slot where a working consumer
+      // would (in the turn after its QK^T), runs no key tile below, and takes the last turn
+      // like the others: a PV product of zeros whose fold releases the last slot. It stores
+      // nothing (its rows are past nq). No branch around the key loop: ptxas spills in it
+      // when there is one (bench/NOTES.md).
+      const int nidle = kTail ? warp_bcast(a.skip_idle && tl.q0 + cw * 64 >= (VL ? tl.nq : p.nq) ? nkb : 0) : 0;
+      int pph = 0;
+      for (int kb = 0; kb < nidle; ++kb) {
+        named_bar_sync<256>(my_turn);
+        if (kb > 0) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[pst]);
+        }
+        named_bar_arrive<256>(other_turn);
+        pph = ph, pst = st, st = st + 1 == ST ? 0 : st + 1, ph = st == 0 ? ph ^ 1 : ph;
+      }
+      // (idle: the last V tile, which its zero PV product reads, has landed)
+      if (nidle == 0) mbar_wait(&full_k[st], ph);
+      else mbar_wait(&full_v[pst], pph);
       // Unrolled by two: ptxas schedules two tiles' softmax and turns together better (measured
       // +2-5 % from 4k keys up, equal at 1k; bench/NOTES.md)
 #pragma unroll (S::kKbu)
-      for (int kb = 0; kb < nkb; ++kb) {
+      for (int kb = 0; kb < nkb - nidle; ++kb) {
         const float ks0 = kn0, ks1 = kn1;
         if (kb + 1 < nkb) {
           kn0 = ksn[0];
@@ -726,6 +781,8 @@ cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int v_rows, int q_
 int sm90_grid(int64_t tiles);
 int sm90_consumers(const AttnParams& p, int head_dim);
 bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid);
+// The heads' last, partly filled tiles (Sm90Args::skip_idle, head_full) for BQ-row tiles.
+void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args& a);
 
 // Work tiles of one call with BQ-row tiles (the last of each head may be partly filled).
 inline int64_t sm90_tiles(const AttnParams& p, int bq) {
@@ -739,6 +796,7 @@ cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, in
   a.p = p;
   cudaError_t err = sm90_make_maps(p, D, DA, S::kBQ, CL, a);
   if (err != cudaSuccess) return err;
+  sm90_tail(p, D, S::kBQ, VL, a);
   auto kernel = p.o_dtype == DType::kBFloat16 ? attn_sm90_kernel<D, NC, __nv_bfloat16, CL, VX, VL, DA>
                                               : attn_sm90_kernel<D, NC, __half, CL, VX, VL, DA>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);

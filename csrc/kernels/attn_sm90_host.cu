@@ -122,6 +122,23 @@ bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {
   return !p.causal && !p.tile_counter && tiles % 2 == 0 && grid % 2 == 0;
 }
 
+void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args& a) {
+  // read per call (A/B runs in one process): SAGEATTN_SM90_TAIL=0 neither of the two below,
+  // 1 idle consumers only, 2 the order only, 3 (the default) both. The kernel has them at
+  // D=64 only (attn_sm90.cuh: kTail).
+  const char* e = std::getenv("SAGEATTN_SM90_TAIL");
+  const int mode = head_dim != 64 ? 0 : e && e[0] >= '0' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : 3;
+  // a consumer whose 64 query rows all lie past the end (of the head, or of a packed sequence)
+  // computes nothing
+  a.skip_idle = mode & 1;
+  // with 192-row tiles a head of nq_pad rows (a multiple of 128) ends in a tile of 64 or 128
+  // rows; non-causal calls on the fixed stride number those after every full tile (causal
+  // ones take their tiles longest first from the counter, packed sequences end anywhere)
+  const int full = p.nq_pad / bq;
+  a.head_full = (mode & 2) && bq != 128 && !packed && !p.causal && p.nq_pad % bq != 0 && full > 0 ? full : 0;
+  a.tiles_full = a.head_full * p.batch * p.heads_q;  // (fewer than the call's tiles, an int)
+}
+
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
   const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process

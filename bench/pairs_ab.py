@@ -59,6 +59,15 @@ def under(setting: str, measure):
     return with_env(SWITCH, SETTINGS[setting], measure)
 
 
+def use_switch(arg: str) -> None:
+    """--switch VAR=VALUE: "off" sets VAR to VALUE from now on (instead of SAGEATTN_SM90_CLUSTER=0)."""
+    global SWITCH
+    var, eq, value = arg.partition("=")
+    if not var.startswith("SAGEATTN_") or not eq or not value:
+        raise SystemExit(f"--switch takes SAGEATTN_...=VALUE, got {arg!r}")
+    SWITCH, SETTINGS["off"] = var, value
+
+
 def timed(setting: str, fn) -> float:
     return under(setting, lambda: gpu_us(fn))
 
@@ -81,9 +90,8 @@ def main() -> None:
     ap.add_argument("--switch", default=None, metavar="VAR=VALUE", help="the setting compared with the shipped one")
     ap.add_argument("--d", type=int, default=128, help="head dim")
     args = ap.parse_args()
-    global SWITCH
     if args.switch:
-        SWITCH, _, SETTINGS["off"] = args.switch.partition("=")
+        use_switch(args.switch)
     if SWITCH in os.environ:
         sys.exit(f"unset {SWITCH}: this script sets it per measurement")
     d = args.d

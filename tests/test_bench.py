@@ -484,6 +484,20 @@ def test_pairs_ab_sets_the_switch_only_for_the_measurement(monkeypatch):
     assert pairs_ab.under("off", seen) == "0" and seen() == "1"
 
 
+def test_pairs_ab_switch_takes_another_variable(monkeypatch):
+    """pairs_ab --switch VAR=VALUE: "off" then sets that variable (SAGEATTN_SM90_TAIL=0 for the D=64
+    tail A/B) and leaves SAGEATTN_SM90_CLUSTER alone; a malformed switch is refused."""
+    pairs_ab = bench_script("pairs_ab", "bench_pairs_ab_switch")
+    monkeypatch.delenv("SAGEATTN_SM90_TAIL", raising=False)
+    monkeypatch.setenv("SAGEATTN_SM90_CLUSTER", "1")
+    pairs_ab.use_switch("SAGEATTN_SM90_TAIL=0")
+    seen = lambda: (os.environ.get("SAGEATTN_SM90_TAIL"), os.environ.get("SAGEATTN_SM90_CLUSTER"))  # noqa: E731
+    assert pairs_ab.under("off", seen) == ("0", "1") and pairs_ab.under("shipped", seen) == (None, "1")
+    for bad in ("SAGEATTN_SM90_TAIL", "SAGEATTN_SM90_TAIL=", "PATH=/tmp"):
+        with pytest.raises(SystemExit, match="--switch"):
+            pairs_ab.use_switch(bad)
+
+
 def test_ab_runs_are_written_under_date_gpu_commit_kind_tag(tmp_path):
     """bench/ab_run.write_run (waves.py, pairs_ab.py): <date>-<gpu>-<commit>-<kind>[-<tag>] .md
     holding the table and .json holding the rows with device and commit."""

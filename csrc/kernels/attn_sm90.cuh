@@ -26,6 +26,8 @@
 //     in a ring: ping-pong). Running a consumer's softmax during its own GEMMs was measured
 //     slower (bench/NOTES.md).
 // setmaxnreg moves registers from the producer (which needs few) to the consumers.
+// At D=64 a consumer whose rows all lie past the end of a head's last tile keeps its turns but
+// computes nothing, and those last tiles come after all full ones (kTail, sm90_tile).
 // At D=128 with three consumers, non-causal, CTAs may run in clusters of two that share each
 // K and V tile: every producer loads half of it and multicasts it to both (CL = 2 below;
 // a pair whose two work tiles read different K/V heads loads whole tiles, each its own).

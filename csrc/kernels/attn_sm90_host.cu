@@ -93,6 +93,13 @@ int sm90_grid(int64_t tiles) {
   return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(kThreads, 1))
 }
 
+// A per-call switch (read on every call, so A/B runs and tests can flip it in one process): the
+// digit 0..max that the variable holds, or -1 when it is unset or holds anything else.
+static int env_digit(const char* name, int max) {
+  const char* e = std::getenv(name);
+  return e && e[0] >= '0' && e[0] <= '0' + max && e[1] == '\0' ? e[0] - '0' : -1;
+}
+
 int sm90_consumers(const AttnParams& p, int head_dim) {
   if (head_dim == 64) return 3;
   if (head_dim == 256) return 2;
@@ -107,13 +114,12 @@ int sm90_consumers(const AttnParams& p, int head_dim) {
 }
 
 bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {
-  // read per call (A/B runs in one process): 0 never pairs, 1 pairs whatever the key count
-  const char* e = std::getenv("SAGEATTN_SM90_CLUSTER");
-  const bool forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0';
-  if (forced && e[0] == '0') return false;
+  // SAGEATTN_SM90_CLUSTER: 0 never pairs, 1 pairs whatever the key count
+  const int forced = env_digit("SAGEATTN_SM90_CLUSTER", 1);
+  if (forced == 0) return false;
   // below SAGE_SM90_PAIR_KEYS keys the pair's handshake per ring slot costs more than the L2
   // traffic it saves (the board is less held by its power cap on short calls)
-  if (!forced && p.nk < SAGE_SM90_PAIR_KEYS) return false;
+  if (forced < 0 && p.nk < SAGE_SM90_PAIR_KEYS) return false;
   // the fixed stride (no tile counter) with an even grid and an even tile count gives CTAs 2i
   // and 2i + 1 the tiles w and w + 1, w even, always both: neighbours in one head, or the last
   // tile of one query head and the first of the next (when a head has an odd number of tiles),
@@ -123,11 +129,10 @@ bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {
 }
 
 void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args& a) {
-  // read per call (A/B runs in one process): SAGEATTN_SM90_TAIL=0 neither of the two below,
-  // 1 idle consumers only, 2 the order only, 3 (the default) both. The kernel has them at
-  // D=64 only (attn_sm90.cuh: kTail).
-  const char* e = std::getenv("SAGEATTN_SM90_TAIL");
-  const int mode = head_dim != 64 ? 0 : e && e[0] >= '0' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : 3;
+  // SAGEATTN_SM90_TAIL: 0 neither of the two below, 1 idle consumers only, 2 the order only,
+  // 3 (the default) both. The kernel has them at D=64 only (attn_sm90.cuh: kTail).
+  const int forced = env_digit("SAGEATTN_SM90_TAIL", 3);
+  const int mode = head_dim != 64 ? 0 : forced >= 0 ? forced : 3;
   // a consumer whose 64 query rows all lie past the end (of the head, or of a packed sequence)
   // computes nothing
   a.skip_idle = mode & 1;
@@ -135,14 +140,13 @@ void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args&
   // rows; non-causal calls on the fixed stride number those after every full tile (causal
   // ones take their tiles longest first from the counter, packed sequences end anywhere)
   const int full = p.nq_pad / bq;
-  a.head_full = (mode & 2) && bq != 128 && !packed && !p.causal && p.nq_pad % bq != 0 && full > 0 ? full : 0;
+  a.head_full = (mode & 2) && !packed && !p.causal && p.nq_pad % bq != 0 && full > 0 ? full : 0;
   a.tiles_full = a.head_full * p.batch * p.heads_q;  // (fewer than the call's tiles, an int)
 }
 
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return 0;
-  const char* e = std::getenv("SAGEATTN_SM90_SCHED");  // read per call: A/B runs in one process
-  const int forced = e && (e[0] == '0' || e[0] == '1') && e[1] == '\0' ? e[0] - '0' : -1;
+  const int forced = env_digit("SAGEATTN_SM90_SCHED", 1);
   const int64_t tiles = sm90_tiles(p, 64 * sm90_consumers(p, head_dim));
   const int grid = sm90_grid(tiles);  // the launch's grid (each CTA gets two tile-index slots below)
   // causal tiles differ in length; equal tiles take a fixed stride, and one tile per CTA
@@ -158,8 +162,7 @@ int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {
 // per call).
 static bool narrow_ok(const AttnParams& p, int head_dim) {
   if (p.d_out > head_dim * 3 / 4 || p.v_terms == 2) return false;
-  const char* e = std::getenv("SAGEATTN_SM90_NARROW");
-  return !(e && e[0] == '0' && e[1] == '\0');
+  return env_digit("SAGEATTN_SM90_NARROW", 0) != 0;
 }
 
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {

@@ -5,7 +5,8 @@ loads Q and K rows in two spans, and 192 and 160, which run 192 of the D=256 ker
 D=128's kernel and writes pairs up to its last column),
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs); for the Hopper kernel also 10 query heads on 2 K/V heads at
-N=2400 (D=128: CTA pairs across query heads). Above 128 keys the last KV head's V has an outlier on a
+N=2400 (D=128: CTA pairs across query heads) and 2 heads at N=150 (one 192-row tile; counted over
+the 128-row padding they were two, the second wholly past the queries). Above 128 keys the last KV head's V has an outlier on a
 key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
 the statistics (these V fit in L2) and, from a direct quant_qkv call, in the quantization
 kernel (the last tile of each 32-channel group).
@@ -64,6 +65,9 @@ def main(argv=None) -> int:
             # 13 work tiles of 192 rows per head: at D=128 CTA pairs that hold two query heads'
             # tiles, sharing K and V (heads 0 and 1, one group of 5) or not (heads 4 and 5)
             shapes.append((10, 2, 2400))
+            # 150 queries: one 192-row tile (it counted two over the 128-row padding, the second
+            # all padding, and at D=64 the idle consumers then faulted)
+            shapes.append((2, 2, 150))
         dims = (64, 96, 128, 160, 192, 256) if backend == "cuda_sm90" and opts.get("v_fp8_terms", 1) == 1 else (
             (64, 128) if backend == "cuda_sm90" else (64, 80, 128))
         for d, (hq, hk, n), causal in itertools.product(pick(dims), shapes, (False, True)):

@@ -470,6 +470,7 @@ def test_pairs_ab_shapes_and_tiles():
     counts = {s: pairs_ab.tiles_per_head(pairs_ab.parse(s)[2]) for s in pairs_ab.SHAPES}
     assert counts["4x32x2048"] == 11 and counts["4x32x8192"] == 43 and counts["1x32x32768"] == 171
     assert counts["4x32x5000"] == 27 and counts["4x32x16384"] == 86
+    assert pairs_ab.tiles_per_head(8200) == 43 and pairs_ab.tiles_per_head(150) == 1  # not over the padding
 
 
 def test_pairs_ab_sets_the_switch_only_for_the_measurement(monkeypatch):

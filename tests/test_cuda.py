@@ -180,14 +180,17 @@ def test_sm90_narrow_heads_packed(d, causal, monkeypatch):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("b,hq,hk,nq,nk", [
-    (2, 40, 40, 1000, 1000), (2, 40, 8, 2048, 1500), (1, 24, 24, 4096, 700), (3, 8, 2, 17, 300), (1, 16, 16, 2500, 2600)])
+    (2, 40, 40, 1000, 1000), (2, 40, 8, 2048, 1500), (1, 24, 24, 4096, 700), (3, 8, 2, 17, 300), (1, 16, 16, 2500, 2600),
+    (1, 4, 2, 150, 300), (1, 2, 2, 2051, 4097), (1, 2, 1, 8200, 8200)])
 def test_sm90_tail_modes_agree(b, hq, hk, nq, nk, causal, monkeypatch):
-    """D=64 (three consumers, 192-row work tiles): a head whose padded length leaves 64 or 128 rows
-    in its last tile (1000, 4096, 2500: 64; 2048: 128) has one or two consumers there whose rows
-    all lie past the end (17 queries: two, past nq), which then only keep the turns and release the
-    ring slots (SAGEATTN_SM90_TAIL bit 1); non-causal calls also number those tiles after all full
-    ones (bit 2; more tiles than SMs here). Every setting must give the same bits, o and LSE (0:
-    neither, as before), close to the reference."""
+    """D=64 (three consumers, 192-row work tiles): a head whose last tile holds 64 real rows or
+    fewer (1000, 4096, 2500, 17: two idle consumers) or 128 (2048: one) has consumers there whose
+    rows all lie past the end, which then only keep the turns and release the ring slots
+    (SAGEATTN_SM90_TAIL bit 1); non-causal calls also number those tiles after all full ones (bit
+    2). 150, 2051 and 8200 queries (no idle consumer now) once made one more tile, wholly past nq
+    (tiles counted over the 128-row padding), whose consumers, all idle, ran the ring ahead of
+    its loads: a launch failure. Every setting must give the same bits, o and LSE (0: neither),
+    close to the reference."""
     fn, ext = _need(SM90)
     q, k, v = make_qkv(b, hq, hk, nq, nk, 64, torch.bfloat16, "HND", "cuda", k_bias=1.0, seed=nq + hk)
     runs = {}
@@ -374,7 +377,7 @@ def test_sm90_v_two_terms_meet_the_accuracy_bar():
 def _straddling_pairs(b, hq, hk, nq):
     """The CTA pairs (tiles w, w + 1, w even) of a D=128 three-consumer call whose two tiles lie
     in different query heads, split by whether those heads share a K/V head: (shared, not)."""
-    ntq = -(-(-(-nq // 128) * 128) // 192)  # 192-row tiles per head over the padded rows
+    ntq = -(-nq // 192)  # 192-row tiles per head over the queries (sm90_q_tiles)
     shared = own = 0
     for w in range(0, b * hq * ntq, 2):
         bh0, bh1 = w // ntq, (w + 1) // ntq

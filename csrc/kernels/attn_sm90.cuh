@@ -197,10 +197,17 @@ __device__ __forceinline__ float ex2_fma(float x) {
 struct Sm90Tile {
   int q0, h, b, nkb, nq, nk;
 };
+// Work tiles of one head. 128-row tiles cover nq_pad (a multiple of 128); 192-row tiles cover nq,
+// so that no tile lies wholly past the last query row (with nq_pad, nq = 129..192 made two tiles
+// and 8200 made 44, each last one all padding). That keeps consumer 0 working in every tile the
+// consumers see, which D=64's idle consumers rely on (their ring slots are ordered by its waits).
+__host__ __device__ inline int sm90_q_tiles(const AttnParams& p, int bq) {
+  return bq == 128 ? p.nq_pad / 128 : (p.nq + bq - 1) / bq;
+}
 template <int BQ, bool VL, bool TAIL>
 __device__ __forceinline__ Sm90Tile sm90_tile(const Sm90Args& a, int w) {
   const AttnParams& p = a.p;
-  const int ntq = BQ == 128 ? p.nq_pad / 128 : (p.nq_pad + BQ - 1) / BQ;  // nq_pad: a multiple of 128
+  const int ntq = sm90_q_tiles(p, BQ);
   int qi, bh;
   if (TAIL && !VL && BQ != 128 && a.head_full > 0) {
     const int full = a.tiles_full;
@@ -546,8 +553,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
       // It takes the first nkb turns here, releasing each K/V slot where a working consumer
       // would (in the turn after its QK^T), runs no key tile below, and takes the last turn
       // like the others: a PV product of zeros whose fold releases the last slot. It stores
-      // nothing (its rows are past nq). No branch around the key loop: ptxas spills in it
-      // when there is one (bench/NOTES.md).
+      // nothing (its rows are past nq). Its releases are ordered by consumer 0, which always
+      // works (sm90_q_tiles) and waits for each slot before the idle consumers' turn that
+      // frees it; with every consumer idle nothing would wait, the ring would run ahead of the
+      // loads, and the kernel fault. No branch around the key loop: ptxas spills in it when
+      // there is one (bench/NOTES.md).
       const int nidle = kTail ? warp_bcast(a.skip_idle && tl.q0 + cw * 64 >= (VL ? tl.nq : p.nq) ? nkb : 0) : 0;
       int pph = 0;
       for (int kb = 0; kb < nidle; ++kb) {
@@ -788,7 +798,7 @@ void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args&
 
 // Work tiles of one call with BQ-row tiles (the last of each head may be partly filled).
 inline int64_t sm90_tiles(const AttnParams& p, int bq) {
-  return static_cast<int64_t>((p.nq_pad + bq - 1) / bq) * p.heads_q * p.batch;
+  return static_cast<int64_t>(sm90_q_tiles(p, bq)) * p.heads_q * p.batch;
 }
 
 template <int D, int NC, int CL, int VX, bool VL = false, int DA = D>

@@ -136,11 +136,12 @@ void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args&
   // a consumer whose 64 query rows all lie past the end (of the head, or of a packed sequence)
   // computes nothing
   a.skip_idle = mode & 1;
-  // with 192-row tiles a head of nq_pad rows (a multiple of 128) ends in a tile of 64 or 128
-  // rows; non-causal calls on the fixed stride number those after every full tile (causal
-  // ones take their tiles longest first from the counter, packed sequences end anywhere)
-  const int full = p.nq_pad / bq;
-  a.head_full = (mode & 2) && !packed && !p.causal && p.nq_pad % bq != 0 && full > 0 ? full : 0;
+  // with 192-row tiles a head whose nq is not a multiple of 192 ends in a partly filled tile
+  // (its idle consumers: 64 real rows or fewer leave two, 65 to 128 one); non-causal calls on
+  // the fixed stride number those after every full tile (causal ones take their tiles longest
+  // first from the counter, packed sequences end anywhere)
+  const int full = p.nq / bq;  // (192-row tiles cover nq: sm90_q_tiles)
+  a.head_full = (mode & 2) && !packed && !p.causal && p.nq % bq != 0 && full > 0 ? full : 0;
   a.tiles_full = a.head_full * p.batch * p.heads_q;  // (fewer than the call's tiles, an int)
 }
 
@@ -167,7 +168,7 @@ static bool narrow_ok(const AttnParams& p, int head_dim) {
 
 cudaError_t attn_sm90(const AttnParams& p, int head_dim, cudaStream_t stream) {
   if (p.accum != PVAccum::kFp32Fp32 || p.v_mean != nullptr || p.v_scale == nullptr || p.nk_pad % kSm90BlockK != 0 ||
-      p.nq_pad % 128 != 0 || p.v_terms < 0 || p.v_terms > 2 || !p.seq_q != !p.seq_k ||
+      p.nq_pad % 128 != 0 || p.nq <= 0 || p.nq > p.nq_pad || p.v_terms < 0 || p.v_terms > 2 || !p.seq_q != !p.seq_k ||
       (p.seq_q && (!p.tile_counter || p.v_terms == 2)))
     return cudaErrorInvalidValue;
   if (p.batch == 0 || p.heads_q == 0 || p.nq_pad == 0) return cudaSuccess;

@@ -46,23 +46,13 @@
 
 #include <cuda.h>
 #include <cstdlib>
+#include "attn_sm90_tiles.cuh"
 #include "common.cuh"
 #include "sm90.cuh"
 #include "wgmma_ops.cuh"
 
 namespace sage {
 
-struct Sm90Args {
-  CUtensorMap tq, tk, tv;  // int8 Q [rows, D], int8 K [rows, D], e4m3 V^T [rows, nk_pad]
-  CUtensorMap to;          // O [batch, heads, nq, d_out] (packed: [1, heads, total_q, d_out]) in 64x64 boxes, when o_tma
-  int o_tma;               // O is written by TMA (else by plain stores: strides TMA cannot take)
-  AttnParams p;
-  // The heads' last, partly filled work tiles (sm90_tail, attn_sm90_host.cu): a consumer whose
-  // 64 rows all lie past the end skips them (skip_idle); head_full > 0: each head has that many
-  // full tiles, tiles_full of them in all, numbered first, and the partial ones come after all
-  // of them (sm90_tile)
-  int skip_idle, head_full, tiles_full;  // (after p: the other instances' parameter offsets stay)
-};
 
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
 // with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
@@ -185,52 +175,6 @@ __device__ __forceinline__ float ex2_fma(float x) {
 #ifndef SAGE_SM90_POLY3
 #define SAGE_SM90_POLY3 0
 #endif
-
-// One work tile: BQ (128 or 192) query rows of one (batch, head). Tiles are numbered with the query
-// block fastest, so the CTAs running at one time share a head's K and V in L2; causal
-// tiles of a head go longest first. With a.head_full > 0 (192-row tiles, non-causal, each
-// head ending in a partly filled tile) the heads' full tiles come first, then their last
-// tiles, one per head: the fixed stride then gives those cheaper tiles (idle consumers) to the
-// CTAs' last rounds, where the CTAs that run one tile more than the others take one of them.
-// nq, nk: the batch entry's queries and keys (packed sequences: its own, which may leave the
-// tile empty, nkb = 0; the producer skips those).
-struct Sm90Tile {
-  int q0, h, b, nkb, nq, nk;
-};
-// Work tiles of one head. 128-row tiles cover nq_pad (a multiple of 128); 192-row tiles cover nq,
-// so that no tile lies wholly past the last query row (with nq_pad, nq = 129..192 made two tiles
-// and 8200 made 44, each last one all padding). That keeps consumer 0 working in every tile the
-// consumers see, which D=64's idle consumers rely on (their ring slots are ordered by its waits).
-__host__ __device__ inline int sm90_q_tiles(const AttnParams& p, int bq) {
-  return bq == 128 ? p.nq_pad / 128 : (p.nq + bq - 1) / bq;
-}
-template <int BQ, bool VL, bool TAIL>
-__device__ __forceinline__ Sm90Tile sm90_tile(const Sm90Args& a, int w) {
-  const AttnParams& p = a.p;
-  const int ntq = sm90_q_tiles(p, BQ);
-  int qi, bh;
-  if (TAIL && !VL && BQ != 128 && a.head_full > 0) {
-    const int full = a.tiles_full;
-    if (w < full) {
-      qi = w % a.head_full, bh = w / a.head_full;
-    } else {
-      qi = a.head_full, bh = w - full;
-    }
-  } else {
-    qi = w % ntq, bh = w / ntq;
-  }
-  Sm90Tile t;
-  t.q0 = (p.causal ? ntq - 1 - qi : qi) * BQ;
-  t.h = bh % p.heads_q;
-  t.b = bh / p.heads_q;
-  t.nq = VL ? min(max(p.seq_q[p.batch + t.b], 0), p.nq) : p.nq;
-  t.nk = VL ? min(max(p.seq_k[p.batch + t.b], 0), p.nk) : p.nk;
-  int kv_lim = t.nk;
-  if (p.causal) kv_lim = min(kv_lim, t.q0 + BQ);
-  t.nkb = (kv_lim + kSm90BlockK - 1) / kSm90BlockK;  // >= 1 without packed sequences: nk > 0
-  if (VL && t.q0 >= t.nq) t.nkb = 0;
-  return t;
-}
 
 // x of lane 0, through an opaque shfl.sync (NVVM folds __shfl_sync of a value it can see is the
 // same in every lane): ptxas then treats the result as uniform, which a value derived from the
@@ -793,13 +737,6 @@ cudaError_t sm90_make_maps(const AttnParams& p, int head_dim, int v_rows, int q_
 int sm90_grid(int64_t tiles);
 int sm90_consumers(const AttnParams& p, int head_dim);
 bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid);
-// The heads' last, partly filled tiles (Sm90Args::skip_idle, head_full) for BQ-row tiles.
-void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args& a);
-
-// Work tiles of one call with BQ-row tiles (the last of each head may be partly filled).
-inline int64_t sm90_tiles(const AttnParams& p, int bq) {
-  return static_cast<int64_t>(sm90_q_tiles(p, bq)) * p.heads_q * p.batch;
-}
 
 template <int D, int NC, int CL, int VX, bool VL = false, int DA = D>
 cudaError_t attn_sm90_run(const AttnParams& p, cudaStream_t stream, int grid, int tiles) {

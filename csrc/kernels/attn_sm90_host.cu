@@ -93,13 +93,6 @@ int sm90_grid(int64_t tiles) {
   return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(kThreads, 1))
 }
 
-// A per-call switch (read on every call, so A/B runs and tests can flip it in one process): the
-// digit 0..max that the variable holds, or -1 when it is unset or holds anything else.
-static int env_digit(const char* name, int max) {
-  const char* e = std::getenv(name);
-  return e && e[0] >= '0' && e[0] <= '0' + max && e[1] == '\0' ? e[0] - '0' : -1;
-}
-
 int sm90_consumers(const AttnParams& p, int head_dim) {
   if (head_dim == 64) return 3;
   if (head_dim == 256) return 2;
@@ -126,23 +119,6 @@ bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {
   // which share K and V under GQA within a group and load their own otherwise (the kernel's
   // producer decides per tile)
   return !p.causal && !p.tile_counter && tiles % 2 == 0 && grid % 2 == 0;
-}
-
-void sm90_tail(const AttnParams& p, int head_dim, int bq, bool packed, Sm90Args& a) {
-  // SAGEATTN_SM90_TAIL: 0 neither of the two below, 1 idle consumers only, 2 the order only,
-  // 3 (the default) both. The kernel has them at D=64 only (attn_sm90.cuh: kTail).
-  const int forced = env_digit("SAGEATTN_SM90_TAIL", 3);
-  const int mode = head_dim != 64 ? 0 : forced >= 0 ? forced : 3;
-  // a consumer whose 64 query rows all lie past the end (of the head, or of a packed sequence)
-  // computes nothing
-  a.skip_idle = mode & 1;
-  // with 192-row tiles a head whose nq is not a multiple of 192 ends in a partly filled tile
-  // (its idle consumers: 64 real rows or fewer leave two, 65 to 128 one); non-causal calls on
-  // the fixed stride number those after every full tile (causal ones take their tiles longest
-  // first from the counter, packed sequences end anywhere)
-  const int full = p.nq / bq;  // (192-row tiles cover nq: sm90_q_tiles)
-  a.head_full = (mode & 2) && !packed && !p.causal && p.nq % bq != 0 && full > 0 ? full : 0;
-  a.tiles_full = a.head_full * p.batch * p.heads_q;  // (fewer than the call's tiles, an int)
 }
 
 int attn_sm90_scratch_ints(const AttnParams& p, int head_dim) {

@@ -53,7 +53,6 @@
 
 namespace sage {
 
-
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
 // with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
 // runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two

@@ -48,7 +48,7 @@ __host__ __device__ __forceinline__ Sm90Tile sm90_tile(const Sm90Args& a, int w)
   const AttnParams& p = a.p;
   const int ntq = sm90_q_tiles(p, BQ);
   int qi, bh;
-  if (TAIL && !VL && BQ != 128 && a.head_full > 0) {
+  if (TAIL && !VL && a.head_full > 0) {
     const int full = a.tiles_full;
     if (w < full) {
       qi = w % a.head_full, bh = w / a.head_full;

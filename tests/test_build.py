@@ -1,8 +1,13 @@
 """Build logic without a GPU or torch's CUDA: arch parsing, per-extension arch lists,
-nvcc refusals, gencode flags (scripts/cuda_archs.py, used by setup.py and the compile check)."""
+nvcc refusals, gencode flags (scripts/cuda_archs.py, used by setup.py and the compile check),
+and the source distribution (MANIFEST.in)."""
 
 import os
+import shutil
+import subprocess
 import sys
+import tarfile
+import zipfile
 
 import pytest
 
@@ -138,3 +143,55 @@ def test_python_constants_match_the_kernels():
     assert const("launch.h", "kAttnWarpQ") == _cuda.WARP_Q
     assert const("launch.h", "kAttnBlockQ") == _cuda.BLOCK_Q
     assert const("launch.h", "kAttnBlockK") == _cuda.BLOCK_K
+
+
+# --- the source distribution --------------------------------------------------------------------
+
+# what building a wheel reads: setup.py imports scripts/, compiles csrc/, reads cibuildwheel.toml
+SDIST_MUST_HOLD = ("csrc/", "scripts/", "sageattention/", "sageattention3_blackwell/", "tests/cpp/")
+SDIST_TOP_FILES = {"setup.py", "pyproject.toml", "cibuildwheel.toml", "MANIFEST.in", "README.md", "CONTRIBUTING.md"}
+
+
+def _tracked_files():
+    """The files git tracks in this checkout (their working-tree versions); a skip that says why
+    outside a git checkout (an unpacked sdist has no history to compare with)."""
+    git = shutil.which("git")
+    if not git or not os.path.isdir(os.path.join(ca.ROOT, ".git")):
+        pytest.skip("not a git checkout: the sdist is compared with `git ls-files`")
+    out = subprocess.run([git, "ls-files", "-z"], cwd=ca.ROOT, capture_output=True, check=True).stdout
+    return [f for f in out.decode().split("\0") if f and os.path.exists(os.path.join(ca.ROOT, f))]
+
+
+def test_sdist_carries_every_build_input(tmp_path):
+    """`python -m build --sdist` on a copy of the tracked files (as a fresh clone has them), then
+    the Triton-only wheel built from that sdist alone: the sdist holds every tracked file that a
+    wheel build reads, and none of the benchmark records."""
+    tracked = _tracked_files()
+    src = tmp_path / "src"
+    for f in tracked:
+        if f.startswith("bench/results/"):
+            continue  # 15 MB of records the sdist leaves out; copying them is all this would test
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(ca.ROOT, f), src / f)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CIBW_", "SAGEATTN_"))}
+    env["SAGEATTN_SKIP_CUDA_BUILD"] = "1"
+    r = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "dist"),
+                        str(src)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("sageattention-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile() and "/" in m.name}
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    want = {f for f in tracked if f.startswith(SDIST_MUST_HOLD) or f in SDIST_TOP_FILES}
+    assert want <= members, f"missing from the sdist: {sorted(want - members)}"
+    assert not [m for m in members if m.startswith("bench/results/")]
+
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "--disable-pip-version-check", "-q", "-w", str(tmp_path / "wheel"), str(unpacked)],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (whl,) = (tmp_path / "wheel").glob("sageattention-*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    py = {f for f in tracked if f.startswith(("sageattention/", "sageattention3_blackwell/")) and f.endswith(".py")}
+    assert py <= names, f"missing from the wheel built from the sdist: {sorted(py - names)}"

@@ -45,6 +45,10 @@ sys.path.insert(0, os.path.join(HERE, "scripts"))
 import build_env  # noqa: E402  (scripts/build_env.py: CUDA_HOME, archs, jobs, sccache)
 import cuda_archs  # noqa: E402  (scripts/cuda_archs.py: arch parsing shared with the compile check)
 import matrix  # noqa: E402  (scripts/matrix.py: the matrix row, and the wheel's Python tag)
+import setuptools  # noqa: E402
+
+if build_env.setuptools_error(setuptools.__version__):  # before setup() reads pyproject.toml
+    raise RuntimeError(build_env.setuptools_error(setuptools.__version__))
 
 
 RUNTIME_DEPS = [

@@ -16,6 +16,10 @@ environment always wins, so a maintainer can override any of them.
 - After each extension is linked (Linux), ``static_libstdcxx_error`` checks that it loads the
   shared libstdc++: a toolchain that finds only libstdc++.a links a private copy of the C++
   library, and the first error message that formats a number then crashes the process.
+- ``setuptools_error`` (setup.py, before setup()): pyproject.toml's ``license`` is an SPDX
+  expression (PEP 639), which setuptools reads from 77.0; older ones stop at it with "`project.
+  license` must be valid exactly by one definition". Builds without isolation (``pip install
+  --no-build-isolation .``, cibuildwheel's) use the environment's setuptools.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import sys
 import tempfile
 from typing import Dict, MutableMapping, Optional
 
+SETUPTOOLS_MIN = (77, 0)
 GB_PER_NVCC_THREAD = 1.5
 MAX_NVCC_THREADS = 4
 
@@ -145,3 +150,16 @@ def static_libstdcxx_error(so_path: str, readelf: Optional[str] = None) -> Optio
             "The C++ compiler found only libstdc++.a. Install the libstdc++ development files (e.g. "
             "libstdc++-13-dev), or put a directory holding a libstdc++.so symlink to the system's "
             "libstdc++.so.6 in LDFLAGS (-L<dir>), and rebuild")
+
+
+def setuptools_error(version: str) -> Optional[str]:
+    """What to do when ``version`` (setuptools.__version__) is older than SETUPTOOLS_MIN; None
+    when it is new enough."""
+    parts = (version.split(".") + ["0"])[:2]
+    have = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts)
+    if have >= SETUPTOOLS_MIN:
+        return None
+    want = "%d.%d" % SETUPTOOLS_MIN
+    return (f"building sageattention needs setuptools >= {want} (pyproject.toml's license is an SPDX "
+            f"expression); this environment has setuptools {version}: run `pip install -U "
+            f"'setuptools>={want}'`, or build with pip's isolation (without --no-build-isolation)")

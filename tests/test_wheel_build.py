@@ -315,6 +315,30 @@ def test_static_libstdcxx_is_caught(tmp_path):
     assert "libc.so.6" in error  # names what it does load
 
 
+@pytest.mark.parametrize("version", ["64.0.0", "75.8.0", "76.1", "70.0.0.post1"])
+def test_old_setuptools_gets_an_error_naming_what_to_install(version):
+    error = build_env.setuptools_error(version)
+    assert error is not None and f"setuptools {version}" in error and "setuptools>=77.0" in error
+
+
+@pytest.mark.parametrize("version", ["77.0", "77.0.3", "80.9.0", "84.2.1", "100.0.0rc1"])
+def test_new_setuptools_passes(version):
+    assert build_env.setuptools_error(version) is None
+
+
+def test_setuptools_floor_is_the_one_every_build_file_names():
+    """pyproject.toml's build requirement, the cibuildwheel build env and the setup.py check
+    agree on the setuptools floor (the SPDX license string needs it)."""
+    want = "setuptools>=%d" % build_env.SETUPTOOLS_MIN[0]
+    pyproject = open(os.path.join(ROOT, "pyproject.toml")).read()
+    assert re.search(r'^requires = \[[^\]]*"%s"' % re.escape(want), pyproject, re.M), want
+    assert re.search(r'^license = "Apache-2\.0"$', pyproject, re.M)
+    reqs = open(os.path.join(ROOT, "scripts", "build-requirements.txt")).read().split("\n")
+    assert want in [r.split("#")[0].strip() for r in reqs]
+    import setuptools  # the setuptools of this environment builds the package (.ci/run installs it)
+    assert build_env.setuptools_error(setuptools.__version__) is None
+
+
 # --- repair hook ---------------------------------------------------------------------------
 
 def test_repair_command_linux_excludes_torch_and_cuda():

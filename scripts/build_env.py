@@ -18,8 +18,11 @@ environment always wins, so a maintainer can override any of them.
   library, and the first error message that formats a number then crashes the process.
 - ``setuptools_error`` (setup.py, before setup()): pyproject.toml's ``license`` is an SPDX
   expression (PEP 639), which setuptools reads from 77.0; older ones stop at it with "`project.
-  license` must be valid exactly by one definition". Builds without isolation (``pip install
-  --no-build-isolation .``, cibuildwheel's) use the environment's setuptools.
+  license` must be valid exactly by one definition". And 77.0.3 refuses the options of torch's
+  BuildExtension (``with_options(use_ninja=True)``: "Command.__init__() got an unexpected keyword
+  argument 'use_ninja'"; 78.0.1 and later take them, checked 2026-11-28 with torch 2.13), so the
+  floor is 78. Builds without isolation (``pip install --no-build-isolation .``, cibuildwheel's)
+  use the environment's setuptools.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import sys
 import tempfile
 from typing import Dict, MutableMapping, Optional
 
-SETUPTOOLS_MIN = (77, 0)
+SETUPTOOLS_MIN = (78, 0)
 GB_PER_NVCC_THREAD = 1.5
 MAX_NVCC_THREADS = 4
 
@@ -161,5 +164,5 @@ def setuptools_error(version: str) -> Optional[str]:
         return None
     want = "%d.%d" % SETUPTOOLS_MIN
     return (f"building sageattention needs setuptools >= {want} (pyproject.toml's license is an SPDX "
-            f"expression); this environment has setuptools {version}: run `pip install -U "
+            f"expression, and 77.x refuses torch's BuildExtension options); this environment has setuptools {version}: run `pip install -U "
             f"'setuptools>={want}'`, or build with pip's isolation (without --no-build-isolation)")

@@ -47,8 +47,9 @@ import cuda_archs  # noqa: E402  (scripts/cuda_archs.py: arch parsing shared wit
 import matrix  # noqa: E402  (scripts/matrix.py: the matrix row, and the wheel's Python tag)
 import setuptools  # noqa: E402
 
-if build_env.setuptools_error(setuptools.__version__):  # before setup() reads pyproject.toml
-    raise RuntimeError(build_env.setuptools_error(setuptools.__version__))
+_SETUPTOOLS_ERROR = build_env.setuptools_error(setuptools.__version__)
+if _SETUPTOOLS_ERROR:  # before setup() reads pyproject.toml
+    raise RuntimeError(_SETUPTOOLS_ERROR)
 
 
 RUNTIME_DEPS = [

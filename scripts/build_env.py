@@ -164,5 +164,5 @@ def setuptools_error(version: str) -> Optional[str]:
         return None
     want = "%d.%d" % SETUPTOOLS_MIN
     return (f"building sageattention needs setuptools >= {want} (pyproject.toml's license is an SPDX "
-            f"expression, and 77.x refuses torch's BuildExtension options); this environment has setuptools {version}: run `pip install -U "
+            f"expression, and 77.0.3 refuses torch's BuildExtension options); this environment has setuptools {version}: run `pip install -U "
             f"'setuptools>={want}'`, or build with pip's isolation (without --no-build-isolation)")

@@ -164,5 +164,6 @@ def setuptools_error(version: str) -> Optional[str]:
         return None
     want = "%d.%d" % SETUPTOOLS_MIN
     return (f"building sageattention needs setuptools >= {want} (pyproject.toml's license is an SPDX "
-            f"expression, and 77.0.3 refuses torch's BuildExtension options); this environment has setuptools {version}: run `pip install -U "
-            f"'setuptools>={want}'`, or build with pip's isolation (without --no-build-isolation)")
+            f"expression, and 77.0.3 refuses torch's BuildExtension options); this environment has "
+            f"setuptools {version}: run `pip install -U 'setuptools>={want}'`, or build with pip's "
+            f"isolation (without --no-build-isolation)")

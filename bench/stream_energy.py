@@ -6,6 +6,7 @@ and bench/stream_energy.cu built as a shared library:
     nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a \\
          bench/stream_energy.cu -o /tmp/stream_energy.so
     python bench/stream_energy.py --lib /tmp/stream_energy.so [--n 16384] [--ctas 132 88 66 44]
+        [--kinds cast copy] [--no-reference]
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import ctypes
 import torch
 
 from power import calls_for, meter_for_current_gpu  # bench/
-from prof_short import stages  # bench/ (puts the repository root on sys.path)
 from timing import gpu_us
 
 
@@ -28,14 +28,16 @@ def main() -> None:
     ap.add_argument("--b", type=int, default=4)
     ap.add_argument("--h", type=int, default=32)
     ap.add_argument("--ctas", type=int, nargs="+", default=[132, 110, 88, 66, 44, 33])
-    ap.add_argument("--unroll", type=int, nargs="+", default=[8, 4])
+    ap.add_argument("--unroll", type=int, nargs="+", default=[8])
+    ap.add_argument("--kinds", nargs="+", default=["cast", "copy"], choices=["cast", "copy"],
+                    help="cast: int8 of x/2 (rounded, saturated); copy: the high byte of each bf16 value")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--no-reference", action="store_true", help="leave out the sageattention rows")
     args = ap.parse_args()
 
     lib = ctypes.CDLL(args.lib)
     lib.stream_cast.restype = ctypes.c_int
-    lib.stream_cast.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_longlong, ctypes.c_int, ctypes.c_int,
+    lib.stream_cast.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                                         ctypes.c_longlong]
     meter = meter_for_current_gpu()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -50,24 +52,31 @@ def main() -> None:
         moved = 3 * elements * 3  # bytes: 2 read and 1 written per element of each tensor
         stream = torch.cuda.current_stream().cuda_stream
 
-        def cast(ctas, unroll):
+        def cast(ctas, unroll, kind):
             def fn():
                 err = lib.stream_cast(q.data_ptr(), k.data_ptr(), v.data_ptr(), *(o.data_ptr() for o in outs),
-                                      elements, ctas, unroll, stream)
+                                      elements, ctas, unroll, int(kind == "cast"), stream)
                 if err:
                     raise RuntimeError(f"stream_cast: CUDA error {err}")
             return fn
 
         rows = {}
-        for unroll in args.unroll:
-            for ctas in args.ctas:
-                if ctas <= sms:
-                    rows[f"cast, {ctas} SMs, U={unroll}"] = cast(ctas, unroll)
-        fn0 = cast(sms, args.unroll[0])
-        fn0()
-        torch.cuda.synchronize()
-        assert torch.equal(outs[1].float(), torch.clamp(torch.round(k.float() * 0.5), -127, 127)), "cast is wrong"
+        for kind in args.kinds:
+            for unroll in args.unroll:
+                for ctas in args.ctas:
+                    if ctas <= sms:
+                        rows[f"{kind}, {ctas} SMs, U={unroll}"] = cast(ctas, unroll, kind)
+        for kind in args.kinds:  # the outputs are what they say
+            cast(sms // 2, args.unroll[0], kind)()
+            torch.cuda.synchronize()
+            if kind == "cast":
+                want = torch.clamp(torch.round(k.float() * 0.5), -127, 127).to(torch.int8)
+            else:
+                want = (k.view(torch.int16) >> 8).to(torch.int8)
+            assert torch.equal(outs[1], want), f"{kind}: wrong bytes"
         if not args.no_reference:
+            from prof_short import stages  # bench/ (puts the repository root on sys.path)
+
             import sageattention as sa
 
             st = stages(q, k, v)
@@ -78,7 +87,7 @@ def main() -> None:
             us = gpu_us(fn)
             calls = calls_for(args.seconds, us * 1e-3)
             m = meter.measure(fn, calls, torch.cuda.synchronize)
-            tbs = f"{moved / us / 1e6:.2f}" if name.startswith("cast") else ""
+            tbs = f"{moved / us / 1e6:.2f}" if name.startswith(("cast", "copy")) else ""
             print(f"| {n} | {name} | {us:.1f} | {tbs} | {1e6 * m['seconds'] / calls:.1f} | {m['j_per_call']:.4f} | "
                   f"{m['watts']:.0f} | {m['mhz_mean']:.0f} | {100 * m['power_cap_share']:.0f} % |", flush=True)
         del q, k, v, outs, rows

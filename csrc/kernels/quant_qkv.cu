@@ -538,6 +538,44 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
   }
 }
 
+// quant_v_tile for a tile whose 64 tokens and 32 channels all exist, with one V term, 16-byte
+// aligned rows and, if kMean, smoothing: the same bytes without the per-token bounds tests and
+// the per-load 64-bit address arithmetic the general version repeats, which were most of the
+// quantization kernel's instructions on V (an H200 under ncu: ~23 per element against ~5 for
+// this one's work; bench/NOTES.md).
+template <typename T, int DP, bool kMean>
+__device__ __forceinline__ void quant_v_tile_full(const QuantQKVParams& p, const T* rows, int64_t stride_n, int64_t bh,
+                                                  int n0t, int c0t, const float* inv_g, const float* mean_g,
+                                                  bool check) {
+  const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
+  const int t0 = tg * 16, c0 = c0t + cgrp * 4;
+  const T* src = rows + t0 * stride_n + c0;
+  uint2 raw[16];
+#pragma unroll
+  for (int t = 0; t < 16; ++t) raw[t] = *reinterpret_cast<const uint2*>(src + t * stride_n);
+  inv_g += c0;
+  if (kMean) mean_g += c0;
+  uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0t + t0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float inv = inv_g[i], mu = kMean ? mean_g[i] : 0.f;
+    float y[16], big = 0.f;
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const float x = elem<T>(raw[t], i);
+      y[t] = __fmul_rn(kMean ? __fsub_rn(x, mu) : x, inv);
+      big = fmaxf(big, fabsf(y[t]));
+    }
+    if (check && big > p.v_scale_max) atomicOr(p.v_over + bh * DP + c0 + i, 1u);  // rare: v_fix_group
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)  // as quant_v_tile: tokens 2q, 2q + 1 low, 2q + 8, 2q + 9 high
+      w[q] = static_cast<uint32_t>(to_e4m3x2(y[2 * q], y[2 * q + 1])) |
+             (static_cast<uint32_t>(to_e4m3x2(y[2 * q + 8], y[2 * q + 9])) << 16);
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * p.nk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // The fallback of a sampled V scale, by one warp, for head bh's channels c0 .. c0 + 31 once all
 // of their tiles are written: nothing unless a channel was flagged (a value past what the
 // sampled scale allows); then each flagged channel gets the exact scale, its largest |v| over
@@ -598,9 +636,18 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const int b = static_cast<int>(bh / p.v.heads), h = static_cast<int>(bh % p.v.heads);
   const T* v = static_cast<const T*>(p.v.data) + entry_offset(p.v, b) + h * p.v.stride_h;
   const bool vec = vec_ok<T>(p.v.data, p.v.stride_b, p.v.stride_h, p.v.stride_n, p.v.d);
-  const int n0t = tn * kVTokens;
-  quant_v_tile<T, DP>(p, v + n0t * p.v.stride_n, p.v.stride_n, vec, entry_rows(p.v, b) - n0t, bh, n0t, tc * kVChannels,
-                      p.v_inv + bh * DP, p.v_mean ? p.v_mean + bh * DP : nullptr, p.v_over != nullptr);
+  const int n0t = tn * kVTokens, n_left = entry_rows(p.v, b) - n0t, c0t = tc * kVChannels;
+  const T* rows = v + n0t * p.v.stride_n;
+  const bool check = p.v_over != nullptr;
+  if (vec && n_left >= kVTokens && c0t + kVChannels <= p.v.d && p.v_terms == 1) {  // uniform per warp
+    if (p.v_mean)
+      quant_v_tile_full<T, DP, true>(p, rows, p.v.stride_n, bh, n0t, c0t, p.v_inv + bh * DP, p.v_mean + bh * DP, check);
+    else
+      quant_v_tile_full<T, DP, false>(p, rows, p.v.stride_n, bh, n0t, c0t, p.v_inv + bh * DP, nullptr, check);
+  } else {
+    quant_v_tile<T, DP>(p, rows, p.v.stride_n, vec, n_left, bh, n0t, c0t, p.v_inv + bh * DP,
+                        p.v_mean ? p.v_mean + bh * DP : nullptr, check);
+  }
   if (p.v_over) {
     // the group's tile count, released after the warp's stores (and flags); the tile that
     // completes it acquires the others' and applies the fallback

@@ -541,8 +541,8 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
 // quant_v_tile for a tile whose 64 tokens and 32 channels all exist, with one V term, 16-byte
 // aligned rows and, if kMean, smoothing: the same bytes without the per-token bounds tests and
 // the per-load 64-bit address arithmetic the general version repeats, which were most of the
-// quantization kernel's instructions on V (an H200 under ncu: ~23 per element against ~5 for
-// this one's work; bench/NOTES.md).
+// quantization kernel's instructions on V (an H200 under ncu: 24 per element, ~480 of a lane's
+// 1,537 per tile in the loads' arithmetic; bench/NOTES.md).
 template <typename T, int DP, bool kMean>
 __device__ __forceinline__ void quant_v_tile_full(const QuantQKVParams& p, const T* rows, int64_t stride_n, int64_t bh,
                                                   int n0t, int c0t, const float* inv_g, const float* mean_g,

@@ -491,32 +491,47 @@ __device__ __forceinline__ RowJob k_job(const QuantQKVParams& p, int64_t bh, con
 // one 16-byte store each. `rows`: token n0t's row, n_left: the tokens from n0t on that exist
 // (the rest are zeros); inv and mean (null: no smoothing) are the head's per-channel values.
 // `check`: a channel with a value past v_scale_max is flagged in v_over.
-template <typename T, int DP>
+// kFull: the caller found all 64 tokens and 32 channels present, 16-byte aligned rows (vec) and
+// one V term; the tile then runs without the per-token bounds tests and per-load 64-bit address
+// arithmetic, which were most of the kernel's instructions on V (an H200 under ncu: 24 per
+// element, ~480 of a lane's 1,537 per tile in the loads' arithmetic; bench/NOTES.md), and kMean
+// says whether V is smoothed (otherwise mean_g decides at run time). The same bytes either way.
+// (The test `kFull ? kMean : mean_g != nullptr` is spelled out where used: held in a local, it
+// changed ptxas's schedule of the general instance.)
+template <typename T, int DP, bool kFull = false, bool kMean = false>
 __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* rows, int64_t stride_n, bool vec,
                                              int n_left, int64_t bh, int n0t, int c0t, const float* inv_g,
                                              const float* mean_g, bool check) {
   const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
   const int d = p.v.d, t0 = tg * 16, c0 = c0t + cgrp * 4;
   uint2 raw[16];
+  if constexpr (kFull) {
+    const T* src = rows + t0 * stride_n + c0;
 #pragma unroll
-  for (int t = 0; t < 16; ++t) {
-    raw[t] = make_uint2(0u, 0u);
-    if (t0 + t < n_left && c0 < d) raw[t] = load_bits4(rows + (t0 + t) * stride_n, c0, d, vec);
+    for (int t = 0; t < 16; ++t) raw[t] = *reinterpret_cast<const uint2*>(src + t * stride_n);
+  } else {
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      raw[t] = make_uint2(0u, 0u);
+      if (t0 + t < n_left && c0 < d) raw[t] = load_bits4(rows + (t0 + t) * stride_n, c0, d, vec);
+    }
   }
   inv_g += c0;
-  if (mean_g) mean_g += c0;
-  uint8_t* out = p.v_out + (bh * p.v_terms * DP + c0) * p.nk_pad + n0t + t0;
-  const bool two = p.v_terms == 2;  // also the rounding of what e4m3 left, DP rows further on
+  if (kFull ? kMean : mean_g != nullptr) mean_g += c0;
+  uint8_t* out = p.v_out + (bh * (kFull ? 1 : p.v_terms) * DP + c0) * p.nk_pad + n0t + t0;
+  const bool two = !kFull && p.v_terms == 2;  // also the rounding of what e4m3 left, DP rows further on
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint32_t w[4] = {0u, 0u, 0u, 0u}, wl[4] = {0u, 0u, 0u, 0u};
-    if (c0 + i < d) {
-      const float inv = inv_g[i], mu = mean_g ? mean_g[i] : 0.f;
+    if (kFull || c0 + i < d) {
+      const float inv = inv_g[i], mu = (kFull ? kMean : mean_g != nullptr) ? mean_g[i] : 0.f;
       float y[16], big = 0.f;
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         const float x = elem<T>(raw[t], i);
-        y[t] = t0 + t < n_left ? __fmul_rn(mean_g ? __fsub_rn(x, mu) : x, inv) : 0.f;
+        y[t] = kFull || t0 + t < n_left
+                   ? __fmul_rn((kFull ? kMean : mean_g != nullptr) ? __fsub_rn(x, mu) : x, inv)
+                   : 0.f;
         big = fmaxf(big, fabsf(y[t]));
       }
       if (check && big > p.v_scale_max) atomicOr(p.v_over + bh * DP + c0 + i, 1u);  // rare: v_fix_group
@@ -535,44 +550,6 @@ __device__ __forceinline__ void quant_v_tile(const QuantQKVParams& p, const T* r
     *reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * p.nk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
     if (two)
       *reinterpret_cast<uint4*>(out + static_cast<int64_t>(DP + i) * p.nk_pad) = make_uint4(wl[0], wl[1], wl[2], wl[3]);
-  }
-}
-
-// quant_v_tile for a tile whose 64 tokens and 32 channels all exist, with one V term, 16-byte
-// aligned rows and, if kMean, smoothing: the same bytes without the per-token bounds tests and
-// the per-load 64-bit address arithmetic the general version repeats, which were most of the
-// quantization kernel's instructions on V (an H200 under ncu: 24 per element, ~480 of a lane's
-// 1,537 per tile in the loads' arithmetic; bench/NOTES.md).
-template <typename T, int DP, bool kMean>
-__device__ __forceinline__ void quant_v_tile_full(const QuantQKVParams& p, const T* rows, int64_t stride_n, int64_t bh,
-                                                  int n0t, int c0t, const float* inv_g, const float* mean_g,
-                                                  bool check) {
-  const int lane = threadIdx.x & 31, cgrp = lane >> 2, tg = lane & 3;
-  const int t0 = tg * 16, c0 = c0t + cgrp * 4;
-  const T* src = rows + t0 * stride_n + c0;
-  uint2 raw[16];
-#pragma unroll
-  for (int t = 0; t < 16; ++t) raw[t] = *reinterpret_cast<const uint2*>(src + t * stride_n);
-  inv_g += c0;
-  if (kMean) mean_g += c0;
-  uint8_t* out = p.v_out + (bh * DP + c0) * p.nk_pad + n0t + t0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float inv = inv_g[i], mu = kMean ? mean_g[i] : 0.f;
-    float y[16], big = 0.f;
-#pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      const float x = elem<T>(raw[t], i);
-      y[t] = __fmul_rn(kMean ? __fsub_rn(x, mu) : x, inv);
-      big = fmaxf(big, fabsf(y[t]));
-    }
-    if (check && big > p.v_scale_max) atomicOr(p.v_over + bh * DP + c0 + i, 1u);  // rare: v_fix_group
-    uint32_t w[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q)  // as quant_v_tile: tokens 2q, 2q + 1 low, 2q + 8, 2q + 9 high
-      w[q] = static_cast<uint32_t>(to_e4m3x2(y[2 * q], y[2 * q + 1])) |
-             (static_cast<uint32_t>(to_e4m3x2(y[2 * q + 8], y[2 * q + 9])) << 16);
-    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * p.nk_pad) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -641,9 +618,11 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
   const bool check = p.v_over != nullptr;
   if (vec && n_left >= kVTokens && c0t + kVChannels <= p.v.d && p.v_terms == 1) {  // uniform per warp
     if (p.v_mean)
-      quant_v_tile_full<T, DP, true>(p, rows, p.v.stride_n, bh, n0t, c0t, p.v_inv + bh * DP, p.v_mean + bh * DP, check);
+      quant_v_tile<T, DP, true, true>(p, rows, p.v.stride_n, vec, n_left, bh, n0t, c0t, p.v_inv + bh * DP,
+                                      p.v_mean + bh * DP, check);
     else
-      quant_v_tile_full<T, DP, false>(p, rows, p.v.stride_n, bh, n0t, c0t, p.v_inv + bh * DP, nullptr, check);
+      quant_v_tile<T, DP, true, false>(p, rows, p.v.stride_n, vec, n_left, bh, n0t, c0t, p.v_inv + bh * DP, nullptr,
+                                       check);
   } else {
     quant_v_tile<T, DP>(p, rows, p.v.stride_n, vec, n_left, bh, n0t, c0t, p.v_inv + bh * DP,
                         p.v_mean ? p.v_mean + bh * DP : nullptr, check);

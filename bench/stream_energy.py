@@ -75,14 +75,9 @@ def main() -> None:
                 want = (k.view(torch.int16) >> 8).to(torch.int8)
             assert torch.equal(outs[1], want), f"{kind}: wrong bytes"
         if not args.no_reference:
-            from prof_short import stages  # bench/ (puts the repository root on sys.path)
+            from energy_split import sm90_rows  # bench/ (its prof_short import puts the root on sys.path)
 
-            import sageattention as sa
-
-            st = stages(q, k, v)
-            rows["quant_qkv alone"] = st["quant_qkv"]
-            rows["attention alone"] = st["attn"]
-            rows["sm90 call"] = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
+            rows.update(sm90_rows(q, k, v))
         for name, fn in rows.items():
             us = gpu_us(fn)
             calls = calls_for(args.seconds, us * 1e-3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -20,6 +21,16 @@ def bench_script(stem: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def nvcc_path():
+    """nvcc from PATH, else from CUDA_HOME / CUDA_PATH; None when neither has it."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cand = os.path.join(home, "bin", "nvcc") if home else None
+    return cand if cand and os.path.exists(cand) else None
 
 
 def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0, seed=0):

@@ -5,25 +5,17 @@ that each query row lies in exactly one tile, that consumer 0 has a query row in
 the key-tile counts, the causal order and D=64's tail order. No GPU needed; nvcc is (CI has it)."""
 
 import os
-import shutil
 import subprocess
 
 import pytest
 
+from helpers import nvcc_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _nvcc():
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    cand = os.path.join(home, "bin", "nvcc") if home else None
-    return cand if cand and os.path.exists(cand) else None
-
-
 def test_sm90_tile_schedule_on_the_cpu(tmp_path):
-    nvcc = _nvcc()
+    nvcc = nvcc_path()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH, CUDA_HOME): the schedule check compiles the kernel's tile code with it")
     exe = tmp_path / "sm90_tiles"

@@ -51,6 +51,26 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
 constexpr float kAmaxEps = 1e-12f;  // an all-zero group still gets a finite scale
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Symmetric INT8 of t (a value times its group's inverse scale): round half away from zero,
+// saturated to +-127, NaN to +-127 by its sign bit. Two spellings of one function, equal on
+// every float (tests/int8_round_check.cu runs all 2^32 of them): int8_round, the plain one
+// (quant_int8.cu; the reference's arithmetic: floor(|t| + 0.5) with that add rounded to
+// nearest), and int8_code, the code as the low byte of a word from five full-rate fp32 / logic
+// instructions, no FRND or F2I (quant_qkv.cu).
+__device__ __forceinline__ int8_t int8_round(float t) {
+  const float r = fminf(floorf(__fadd_rn(fabsf(t), 0.5f)), 127.f);
+  return static_cast<int8_t>(static_cast<int>(copysignf(r, t)));
+}
+__device__ __forceinline__ uint32_t int8_code(float t) {
+  constexpr float k3p22 = 12582912.f;                         // 1.5 * 2^23
+  const float a = fminf(__fadd_rn(fabsf(t), 0.5f), 127.5f);  // floor(a) = min(floor(|t| + 0.5), 127)
+  // a + k rounded down is k + floor(a), where k = 1.5 * 2^23 with t's sign: for t < 0 that is
+  // -(1.5 * 2^23 - floor(a)). Its magnitude lies in [2^23, 2^24), where floats are the integers
+  // and the low mantissa bits count them, so the word's low byte is floor(a) for t >= 0 and
+  // -floor(a) in two's complement for t < 0.
+  return __float_as_uint(__fadd_rd(a, copysignf(k3p22, t))) & 0xffu;
+}
+
 // Eight consecutive elements of a row as floats; columns >= d read as zero. `vec` says the
 // row pointer and d allow one 16-byte load per eight elements.
 template <typename T>

@@ -12,13 +12,6 @@ __device__ __forceinline__ int group_of(int r, int groups) {
   return groups == 1 ? 0 : (groups == 8 ? (r & 7) : ((r & 7) >> 1));
 }
 
-// Symmetric INT8, round half away from zero (as the reference), saturated to +-127.
-__device__ __forceinline__ int8_t to_int8(float x, float inv) {
-  const float v = __fmul_rn(x, inv);
-  const float r = fminf(floorf(__fadd_rn(fabsf(v), 0.5f)), 127.f);
-  return static_cast<int8_t>(static_cast<int>(copysignf(r, v)));
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads) quant_int8_kernel(const QuantInt8Params p) {
   __shared__ unsigned amax_bits[8];
@@ -82,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) quant_int8_kernel(const QuantInt8Par
       for (int i = 0; i < 8; ++i) {
         float y = scaled ? __fmul_rn(v[i], p.prescale) : v[i];
         if (mean && col0 + i < p.in.d) y = __fsub_rn(y, mean[col0 + i]);
-        const uint32_t q = static_cast<uint8_t>(to_int8(y, inv));
+        const uint32_t q = static_cast<uint8_t>(int8_round(__fmul_rn(y, inv)));
         w[i / 4] |= q << (8 * (i % 4));
       }
     }

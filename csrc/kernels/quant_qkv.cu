@@ -127,20 +127,6 @@ __device__ __forceinline__ uint32_t max_abs2(uint32_t m, uint32_t x) {
   return m;
 }
 
-// Symmetric INT8 of x * inv, round half away from zero, saturated to +-127: quant_int8.cu's
-// arithmetic and results (NaN -> +-127 included), with the floor and the conversion to an
-// integer done by full-rate fp32 adds instead of the quarter-rate FRND and F2I. The code is
-// the low byte of the result.
-__device__ __forceinline__ uint32_t int8_bits(float x, float inv) {
-  constexpr float k2p23 = 8388608.f;     // ulp 1 from here: x + 2^23 rounded toward zero is 2^23 + floor(x)
-  constexpr float k3p22 = 12582912.f;    // 1.5 * 2^23: m + it holds m (|m| <= 127) in its low bits
-  const float t = __fmul_rn(x, inv);
-  const float a = __fadd_rn(fabsf(t), 0.5f);                 // 0.5 <= a (or NaN), below 2^23
-  const float f = __fsub_rn(__fadd_rz(a, k2p23), k2p23);     // floor(a), exact
-  const float m = copysignf(fminf(f, 127.f), t);
-  return __float_as_uint(__fadd_rn(m, k3p22)) & 0xffu;       // two's complement byte of m
-}
-
 // V's per-channel outputs of head bh, channel c: the scale for `amax` (clamped), its inverse
 // (returned) and the mean when smoothing.
 __device__ __forceinline__ float v_scale_out(const QuantQKVParams& p, int64_t bh, int c, float amax, float mean) {
@@ -307,7 +293,7 @@ struct RowJob {
   int n, d;
   bool vec;
   int row0;               // first of the warp's 16 rows
-  float prescale;         // multiplied first when != 1
+  float prescale;         // multiplied first (Q: quant_rows's kScaled)
   const float* mean;      // [d] subtracted, or null
   const float* dot_mean;  // [d]: rowdot[row] = x . dot_mean, or null
   float* rowdot;
@@ -327,13 +313,14 @@ __device__ __forceinline__ RowJob rows_of(const Input4D& in, int b, int h) {
 
 // `red` (shared, [kWarps][4]): the CTA's four warps share one scale block (K) and synchronize
 // on __syncthreads; null: the warp's own block (Q). All four warps call it in the first case.
-template <typename T, int DP, int G>
+// kScaled: the rows are multiplied by j.prescale (Q; a prescale of 1 gives the same bits, since
+// x * 1 is x and the NaN of any product with a NaN gets the same code), otherwise not (K).
+template <typename T, int DP, int G, bool kScaled>
 __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   using S = RowShape<DP>;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % kWarps;
   const int lr = lane / S::kLanesPerRow, col0 = (lane % S::kLanesPerRow) * 16;
   const T* x = static_cast<const T*>(j.x);
-  const bool scaled = j.prescale != 1.f;
 
   uint4 raw[S::kIters][2];
 #pragma unroll
@@ -351,7 +338,7 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
   for (int i = 0; i < 16; ++i) mu[i] = (j.mean && col0 + i < j.d) ? j.mean[col0 + i] : 0.f;
   auto value = [&](int it, int i) {
     float y = elem<T>(raw[it][i / 8], i % 8);
-    if (scaled) y = __fmul_rn(y, j.prescale);
+    if (kScaled) y = __fmul_rn(y, j.prescale);
     if (j.mean) y = __fsub_rn(y, mu[i]);
     return y;
   };
@@ -403,7 +390,7 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
 #pragma unroll
     for (int s = 0; s < S::kSlots; ++s) {
       const float m = fmaxf(half_of<T>(m2[s], 0), half_of<T>(m2[s], 1));
-      am[s] = scaled ? __fmul_rn(m, fabsf(j.prescale)) : m;
+      am[s] = kScaled ? __fmul_rn(m, fabsf(j.prescale)) : m;
     }
   }
   // over the lanes of a row: slot s of lane group lr is then the class s * kRowsPerIter + lr
@@ -457,19 +444,19 @@ __device__ __forceinline__ void quant_rows(const RowJob& j, float (*red)[4]) {
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     if (row < j.n) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) w[i / 4] |= int8_bits(value(it, i), inv[it % S::kSlots]) << (8 * (i % 4));
+      for (int i = 0; i < 16; ++i) w[i / 4] |= int8_code(__fmul_rn(value(it, i), inv[it % S::kSlots])) << (8 * (i % 4));
     }
     *reinterpret_cast<uint4*>(j.out + static_cast<int64_t>(row) * DP + col0) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
 // quant_rows with the scale-group count known at run time: G (Q: 8, K: 4) or 1.
-template <typename T, int DP, int G>
+template <typename T, int DP, int G, bool kScaled>
 __device__ __forceinline__ void quant_rows_g(const RowJob& j, int groups, float (*red)[4]) {
   if (groups == G)
-    quant_rows<T, DP, G>(j, red);
+    quant_rows<T, DP, G, kScaled>(j, red);
   else
-    quant_rows<T, DP, 1>(j, red);
+    quant_rows<T, DP, 1, kScaled>(j, red);
 }
 
 // The fields of a K job of kv head bh: no prescale, no q . mean, the head's output rows; the
@@ -658,7 +645,7 @@ __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t un
   j.rowdot = p.q_rowdot ? p.q_rowdot + bh * p.q.n : nullptr;
   j.out = p.q_out + bh * p.nq_pad * DP;
   j.scale = p.q_scale + (bh * nblk + rb) * p.q_groups;
-  quant_rows_g<T, DP, 8>(j, p.q_groups, nullptr);
+  quant_rows_g<T, DP, 8, true>(j, p.q_groups, nullptr);
 }
 
 // Blocks [0, q_ctas): Q; [q_ctas, q_ctas + v_ctas): V; the rest: K. Q first: unless its rows'
@@ -698,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
   j.row0 = rb * kAttnBlockK + warp * kWarpRows;
   j.scale = p.k_scale + (bh * nblk + rb) * p.k_groups;
-  quant_rows_g<T, DP, 4>(j, p.k_groups, red);
+  quant_rows_g<T, DP, 4, false>(j, p.k_groups, red);
 }
 
 template <typename T, int DP>

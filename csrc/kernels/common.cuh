@@ -48,6 +48,29 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   return launch_pdl_cluster(1u, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
+// n / d and n % d for 0 <= n < 2^31 by a multiply-high, an add and a shift instead of a
+// division (~25 instructions, more for 64-bit operands), with d >= 1 fixed at launch: m and s
+// as in Granlund and Montgomery's division by invariant integers, s = ceil(log2 d) and
+// m = floor(2^32 (2^s - d) / d) + 1, so that n / d = (mulhi(n, m) + n) >> s. Built on the host
+// (FastDiv::of, 1 <= d <= 2^31), used on the device; tests/cpp/fast_div.cu checks it.
+struct FastDiv {
+  uint32_t d, m, s;
+  static FastDiv of(uint32_t d) {
+    uint32_t s = 0;
+    while ((uint64_t{1} << s) < d) ++s;
+    return {d, static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << s) - d) / d + 1), s};
+  }
+  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
+#ifdef __CUDA_ARCH__
+    const uint32_t hi = __umulhi(n, m);
+#else
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
+#endif
+    return (hi + n) >> s;
+  }
+  __host__ __device__ __forceinline__ uint32_t mod(uint32_t n, uint32_t q) const { return n - q * d; }
+};
+
 constexpr float kAmaxEps = 1e-12f;  // an all-zero group still gets a finite scale
 constexpr float kLn2 = 0.6931471805599453f;
 

@@ -26,6 +26,7 @@
 // (A one-grid variant that held each K/V chunk in shared memory while its head's statistics
 // were combined across CTAs was slower at every length once K's mean came from a sample, and
 // so was one grid of statistics, Q, V and K CTAs waiting on per-head counters; bench/NOTES.md.)
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -274,6 +275,17 @@ __global__ void __launch_bounds__(kStatThreads, kFull ? 2 : 4) qkv_stats_kernel(
 }
 
 // ============================== 2. quantization ==============================
+
+// The launch's divisors, so that the Q and K paths decode unit and block numbers into heads and
+// blocks without division instructions (about 25 each, a tenth of a Q job's set-up). (V keeps
+// its divisions: with FastDiv there, ptxas spilled 8-16 bytes in its general tile at D=128.)
+struct QuantDivs {
+  FastDiv q_blocks;  // Q scale blocks per head (nq_pad / 16, at least 1)
+  FastDiv q_heads;   // Hq
+  FastDiv q_group;   // Hq / Hkv
+  FastDiv kv_bhs;    // B * Hkv
+  FastDiv kv_heads;  // Hkv
+};
 
 // A warp's 16 rows at head dim DP: a lane owns 16 consecutive columns of every
 // kRowsPerIter-th row; its rows fall in kSlots classes of (row % 8).
@@ -630,13 +642,15 @@ __device__ __forceinline__ void quant_v_unit(const QuantQKVParams& p, int64_t un
 
 // Q scale block `unit` (16 rows of one head) for one warp.
 template <typename T, int DP>
-__device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t unit) {
+__device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, const QuantDivs& dv, int64_t unit) {
   const int nblk = p.nq_pad / kAttnWarpQ;
   if (unit >= static_cast<int64_t>(p.q.batch) * p.q.heads * nblk) return;
-  const int64_t bh = unit / nblk;
-  const int rb = static_cast<int>(unit % nblk);
-  const int b = static_cast<int>(bh / p.q.heads), h = static_cast<int>(bh % p.q.heads);
-  const int hkv = h / (p.q.heads / p.k.heads);
+  const uint32_t u = static_cast<uint32_t>(unit), bq = dv.q_blocks.div(u);  // below 2^31 (launch)
+  const int64_t bh = bq;
+  const int rb = static_cast<int>(dv.q_blocks.mod(u, bq));
+  const uint32_t b32 = dv.q_heads.div(bq);
+  const int b = static_cast<int>(b32), h = static_cast<int>(dv.q_heads.mod(bq, b32));
+  const int hkv = static_cast<int>(dv.q_group.div(static_cast<uint32_t>(h)));
   RowJob j = rows_of<T>(p.q, b, h);
   j.row0 = rb * kAttnWarpQ;
   j.prescale = p.q_prescale;
@@ -654,14 +668,15 @@ __device__ __forceinline__ void quant_q_unit(const QuantQKVParams& p, int64_t un
 // bandwidth). Then V: the statistics kernel has just read all of it, and on short sequences
 // it may still be in L2.
 template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(const QuantQKVParams p, int q_ctas, int v_ctas) {
+__global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6)
+    qkv_quant_kernel(const QuantQKVParams p, int q_ctas, int v_ctas, const QuantDivs dv) {
   __shared__ float red[kWarps][4];
   const int warp = threadIdx.x >> 5;
   int64_t blk = blockIdx.x;
   if (blk < q_ctas) {
     if (p.q_rowdot) pdl_wait();  // q . (K mean) needs the statistics
     pdl_launch_dependents();     // the attention kernel may be scheduled (it waits for this grid)
-    quant_q_unit<T, DP>(p, blk * kWarps + warp);  // one 16-row scale block per warp
+    quant_q_unit<T, DP>(p, dv, blk * kWarps + warp);  // one 16-row scale block per warp
     return;
   }
   pdl_wait();                // the statistics are complete
@@ -675,11 +690,12 @@ __global__ void __launch_bounds__(kThreads, DP == 256 ? 4 : 6) qkv_quant_kernel(
   }
   blk -= v_ctas;
   // K: one 64-row scale block per CTA, the last row blocks of every head first (as V)
-  const int64_t bhs = static_cast<int64_t>(p.k.batch) * p.k.heads;
   const int nblk = p.nk_pad / kAttnBlockK;
-  const int64_t bh = blk % bhs;
-  const int rb = nblk - 1 - static_cast<int>(blk / bhs);
-  const int b = static_cast<int>(bh / p.k.heads), h = static_cast<int>(bh % p.k.heads);
+  const uint32_t kb = static_cast<uint32_t>(blk), tq = dv.kv_bhs.div(kb);
+  const int64_t bh = dv.kv_bhs.mod(kb, tq);
+  const int rb = nblk - 1 - static_cast<int>(tq);
+  const uint32_t bq = dv.kv_heads.div(static_cast<uint32_t>(bh));
+  const int b = static_cast<int>(bq), h = static_cast<int>(dv.kv_heads.mod(static_cast<uint32_t>(bh), bq));
   const RowJob src = rows_of<T>(p.k, b, h);
   RowJob j = k_job<DP>(p, bh, p.k_mean ? p.k_mean + bh * p.k.d : nullptr);
   j.x = src.x, j.stride_n = src.stride_n, j.n = src.n, j.d = src.d, j.vec = src.vec;
@@ -693,9 +709,17 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   const int64_t bhk = static_cast<int64_t>(p.k.batch) * p.k.heads;
   const int64_t k_ctas = bhk * (p.nk_pad / kAttnBlockK);
   const int64_t v_ctas = (bhk * (p.nk_pad / kVTokens) * (DP / kVChannels) + kWarps - 1) / kWarps;
-  const int64_t q_ctas = (static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ) + kWarps - 1) / kWarps;
-  if (k_ctas + v_ctas + q_ctas > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t q_units = static_cast<int64_t>(p.q.batch) * p.q.heads * (p.nq_pad / kAttnWarpQ);
+  const int64_t q_ctas = (q_units + kWarps - 1) / kWarps;
+  // Q units below 2^31, for QuantDivs (far past any memory: 2^31 Q blocks are 4 TB)
+  if (k_ctas + v_ctas + q_ctas > 0x7fffffff || q_units > 0x7fffffff) return cudaErrorInvalidValue;
   if (k_ctas + v_ctas + q_ctas == 0) return cudaSuccess;
+  QuantDivs dv;
+  dv.q_blocks = FastDiv::of(static_cast<uint32_t>(std::max(p.nq_pad / kAttnWarpQ, 1)));
+  dv.q_heads = FastDiv::of(static_cast<uint32_t>(p.q.heads));
+  dv.q_group = FastDiv::of(static_cast<uint32_t>(p.q.heads / p.k.heads));
+  dv.kv_bhs = FastDiv::of(static_cast<uint32_t>(bhk));
+  dv.kv_heads = FastDiv::of(static_cast<uint32_t>(p.k.heads));
   const dim3 stat_grid(DP / kStatChannels, p.k.heads, p.k.batch);
   if (p.v_mean || p.v_full)
     qkv_stats_kernel<T, true><<<stat_grid, kStatThreads, 0, stream>>>(p);
@@ -709,10 +733,10 @@ cudaError_t launch(const QuantQKVParams& p, cudaStream_t stream) {
   // kernel (a plain launch: it starts once they are done) left complete, and write only
   // q_out and q_scale, which nothing running touches.
   return launch_pdl(qkv_quant_kernel<T, DP>, dim3(static_cast<unsigned>(k_ctas + v_ctas + q_ctas)), dim3(kThreads), 0,
-                    stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+                    stream, p, static_cast<int>(q_ctas), static_cast<int>(v_ctas), dv);
 #else
   qkv_quant_kernel<T, DP><<<static_cast<unsigned>(k_ctas + v_ctas + q_ctas), kThreads, 0, stream>>>(
-      p, static_cast<int>(q_ctas), static_cast<int>(v_ctas));
+      p, static_cast<int>(q_ctas), static_cast<int>(v_ctas), dv);
   return cudaGetLastError();
 #endif
 }

@@ -149,7 +149,8 @@ def test_python_constants_match_the_kernels():
 
 # what building a wheel reads: setup.py imports scripts/, compiles csrc/, reads cibuildwheel.toml
 SDIST_MUST_HOLD = ("csrc/", "scripts/", "sageattention/", "sageattention3_blackwell/", "tests/cpp/")
-SDIST_TOP_FILES = {"setup.py", "pyproject.toml", "cibuildwheel.toml", "MANIFEST.in", "README.md", "CONTRIBUTING.md"}
+SDIST_TOP_FILES = {"setup.py", "pyproject.toml", "cibuildwheel.toml", "MANIFEST.in", "README.md", "CONTRIBUTING.md",
+                   "LICENSE"}
 
 
 def _tracked_files():
@@ -195,3 +196,5 @@ def test_sdist_carries_every_build_input(tmp_path):
     names = set(zipfile.ZipFile(whl).namelist())
     py = {f for f in tracked if f.startswith(("sageattention/", "sageattention3_blackwell/")) and f.endswith(".py")}
     assert py <= names, f"missing from the wheel built from the sdist: {sorted(py - names)}"
+    # the license text beside the metadata that names it (Apache-2.0 asks that copies carry it)
+    assert [n for n in names if ".dist-info/" in n and n.endswith("/LICENSE")], sorted(names)[-12:]

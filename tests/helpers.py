@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +33,29 @@ def nvcc_path():
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     cand = os.path.join(home, "bin", "nvcc") if home else None
     return cand if cand and os.path.exists(cand) else None
+
+
+def build_cpp_check(tmp_path, source, flags=(), why="", compile_only=False):
+    """tests/cpp/<source> built with nvcc against csrc/kernels (the kernels' own headers) into
+    tmp_path; the path of the program (or object, compile_only). Skips, saying `why` nvcc is
+    needed, where there is none."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        pytest.skip(f"nvcc not found (PATH, CUDA_HOME): {why}")
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / (Path(source).stem + (".o" if compile_only else ""))
+    cmd = [nvcc, "-std=c++17", *flags, "-I", str(root / "csrc" / "kernels"), str(root / "tests" / "cpp" / source),
+           "-o", str(out)] + (["-c"] if compile_only else [])
+    build = subprocess.run(cmd, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    return out
+
+
+def run_cpp_check(exe, timeout=300):
+    """Runs a program of build_cpp_check; its stdout, once it has exited with status 0."""
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
 
 
 def make_qkv(b, hq, hk, nq, nk, d, dtype, layout="HND", device="cpu", k_bias=0.0, seed=0):

@@ -46,7 +46,10 @@ LLM-like head groups (4, 8, 7 and 8 query heads per K/V head; N 1024 to 4096), `
 columns (32, 48, 80, 96, 112; N 1024 to 8192), ``padded-causal`` causal calls at those head
 dims between the lengths measured there, ``padded-causal-check`` the same lengths on other heads;
 ``causal-pairs`` causal calls around the causal pair limit, ``causal-pairs-check`` other head
-counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pair limit there). With
+counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pair limit there);
+``short-h200-check`` non-causal calls at head dims 64 and 128 around the H200's limits for GQA and
+lengths off cuDNN's tile (shapes ``unaligned`` and ``unaligned-check``, which set them, did not
+have). With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -255,6 +258,19 @@ CAUSAL_LONG = ([(1, h, h, n, n, 128, True) for h, n in ((6, 8192), (8, 8192), (1
                                                        (5, 10240), (4, 12288))]
                + [(2, 8, 8, 6144, 6144, 128, True)]
                + [(1, h, h, n, n, d, True) for d in (64, 96) for h, n in ((16, 6144), (12, 7680), (8, 8192))])
+# the H200's non-causal limits at head dims up to 128, set on ``unaligned`` and ``unaligned-check``
+# (b55e7ac, 6329c6b: length_unaligned 1472, length_gqa 1344, length_gqa_aligned 1536, pairs_gqa
+# 2^27), checked on calls those sets did not have: GQA off cuDNN's tile on both sides of 1344, on
+# it at 1152-1408, GQA on few heads around 2^27 pairs, and other heads off the tile around 1472
+SHORT_H200_CHECK = ([(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hkv in ((4, 32, 8), (8, 16, 4), (2, 64, 16))
+                     for n in (1088, 1216, 1312, 1376)]
+                    + [(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hkv in ((4, 32, 8), (2, 64, 16))
+                       for n in (1152, 1280, 1408)]
+                    + [(b, h, hkv, n, n, d, False) for d in (128, 64)
+                       for b, h, hkv, n in ((1, 32, 4, 1600), (1, 32, 4, 2112), (1, 32, 4, 2496), (2, 16, 2, 2000),
+                                            (2, 16, 2, 2240))]
+                    + [(b, h, h, n, n, d, False) for d in (128, 64) for b, h in ((4, 32), (2, 48), (8, 16))
+                       for n in (1400, 1504)])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -301,6 +317,7 @@ SETS = {
     "causal-pairs": CAUSAL_PAIRS,
     "causal-pairs-check": CAUSAL_PAIRS_CHECK,
     "causal-long": CAUSAL_LONG,
+    "short-h200-check": SHORT_H200_CHECK,
 }
 
 

@@ -81,8 +81,8 @@ class HandOver(NamedTuple):
     at head dims up to 128 are short only below ``pairs_causal_long`` if that is lower (the
     kernel gains on cuDNN with the length, so long causal calls on few heads still beat it).
     Causal GQA calls with at least
-    :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead: the
-    quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
+    :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead, and non-causal
+    ones at head dims up to 128 ``pairs_gqa``: the quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
     query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
     ``length_192_gqa`` and ``length_causal_192_gqa`` instead of ``length_192`` and
     ``length_causal_192``. Non-causal calls at head dims 129-192 take ``length_192`` (``_gqa``)
@@ -116,6 +116,7 @@ class HandOver(NamedTuple):
     pairs_192_gqa: int
     length_192_gqa_aligned: int
     pairs: int
+    pairs_gqa: int
     pairs_causal: int
     pairs_causal_gqa: int
     length_causal_long: int
@@ -148,7 +149,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       length_192_gqa_aligned=2080,
-                      pairs=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29,
+                      pairs=1 << 28, pairs_gqa=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29,
                       length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -160,11 +161,13 @@ _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs
 #: (the ``unaligned`` set): one length for every call at head dims up to 128.
 _NON_CAUSAL_ONE_LENGTH = dict(length_unaligned=2048, length_gqa=2048, length_gqa_aligned=2048)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_NON_CAUSAL_ONE_LENGTH)
-#: The wgmma kernel on the H200: the H100's limits, checked there on the same sets, but for its
-#: non-causal GQA calls at head dims 129-192, which it keeps from shorter lengths (its faster
-#: memory makes the quantization cheaper; bench/HANDOVER.md, "The H200's row"). The GH200 keeps
-#: the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
+#: The wgmma kernel on the H200: the H100's limits, checked there on the same sets, but for
+#: non-causal calls off cuDNN's tile or with GQA, which it keeps from shorter calls (its faster
+#: memory makes the quantization cheaper: at head dims up to 128 set on the ``unaligned`` and
+#: ``unaligned-check`` sets at b55e7ac and 6329c6b; at 129-192 on the wide GQA sets;
+#: bench/HANDOVER.md, "The H200's row"). The GH200 keeps the H100's row: not measured.
+H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1344, length_gqa_aligned=1536, pairs_gqa=1 << 27,
+                                length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
 _H200 = r"\bH200\b"  # not GH200: no word boundary between G and H
@@ -406,6 +409,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
         # quantize K and V of fewer heads
         if gqa:
             length = on_tile(lim.length_gqa, lim.length_gqa_aligned, aligned)
+            pairs = lim.pairs_gqa
         elif not aligned:
             length = lim.length_unaligned
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded

@@ -97,18 +97,37 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 
 
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
-    """The H200's row is the H100's but for non-causal GQA calls at head dims 129-192, which it
-    keeps from N=1344 (1664 where Nq and Nk are multiples of 128, which cuDNN runs best) and
-    3 x 2^26 pairs (the H100 from 2080 and 2^28; both measured after the column-pair stores),
+    """The H200's row is the H100's but for non-causal calls that its faster memory lets the
+    kernel win from shorter lengths: at head dims up to 128 off cuDNN's tile from 1472 (the H100
+    1792), with GQA from 1344, 1536 where Nq and Nk are multiples of 128, and 2^27 pairs (1472,
+    1664 and 2^28; ``unaligned``, ``unaligned-check``, ``short-h200-check``); GQA calls at head
+    dims 129-192 from N=1344 (1664 where Nq and Nk are multiples of 128, which cuDNN runs best)
+    and 3 x 2^26 pairs (the H100 from 2080 and 2^28; both measured after the column-pair stores),
     below the limits of head dims up to 128. The causal
     limits of the three-consumer kernel (3072 at head dims 65-127, 3 x 2^28 pairs, 2^29 from 6144
     keys) were checked on the H200 at 5a7acc2 and are the H100's; the other kernels keep those
     from before the switch-over moved (3584, 2^30), which neither GPU measured again. Without
     the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
-    h200 = dispatch.H200_SM90
+    assert diff == {"length_unaligned", "length_gqa", "length_gqa_aligned", "pairs_gqa",
+                    "length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
+    h200, h100 = dispatch.H200_SM90, dispatch.GH100_SM90
     assert (h200.length_192_gqa, h200.length_192_gqa_aligned, h200.pairs_192_gqa) == (1344, 1664, 3 << 26)
+    assert (h200.length_unaligned, h200.length_gqa, h200.length_gqa_aligned, h200.pairs_gqa) == (1472, 1344, 1536, 1 << 27)
+    assert (h100.length_unaligned, h100.length_gqa, h100.length_gqa_aligned, h100.pairs_gqa) == (1792, 1472, 1664, 1 << 28)
+    # (call, the H100 hands it over, the H200 does) at head dims up to 128, non-causal
+    for call, on_h100, on_h200 in (((4, 32, 1600, 1600, 128, False, 32), True, False),  # off the tile
+                                   ((4, 32, 1408, 1408, 128, False, 32), True, True),
+                                   ((4, 32, 1536, 1536, 128, False, 32), True, True),  # on it: 2048 on both
+                                   ((4, 32, 1376, 1376, 64, False, 8), True, False),  # GQA
+                                   ((4, 32, 1312, 1312, 64, False, 8), True, True),
+                                   ((4, 32, 1536, 1536, 128, False, 8), True, False),  # GQA on the tile
+                                   ((4, 32, 1408, 1408, 128, False, 8), True, True),
+                                   ((1, 32, 2112, 2112, 128, False, 4), True, False),  # GQA pairs: 2^27.1
+                                   ((2, 16, 2000, 2000, 128, False, 2), True, True),  # 2^26.9
+                                   ((1, 32, 2112, 2112, 128, False, 32), True, True)):  # no GQA: 2^28
+        assert dispatch.short_call(h100, *call) is on_h100, call
+        assert dispatch.short_call(h200, *call) is on_h200, call
     for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
                             ("pairs_causal_long", 1 << 29, 1 << 30)):
         assert (getattr(dispatch.GH100_SM90, f), getattr(dispatch.H200_SM90, f)) == (sm90, sm90)
@@ -159,7 +178,7 @@ LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_unaligned=204
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                            length_192_gqa_aligned=0,
-                           pairs=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29,
+                           pairs=1 << 28, pairs_gqa=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29,
                            length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=128)
 UNALIGNED = LIMITS._replace(length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664)
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
@@ -546,9 +565,9 @@ def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
 
 
 # the measured shapes outside 6 %: on the H200, whose faster memory moves the crossover to
-# shorter calls than the H100's limits, 2 x 24 / 8 heads x 2048^2 = 2^27.6 pairs (under the 2^28
-# size limit: handed over with the kernel 7 % faster there, 1 % slower on the H100, 8e86603);
-# GQA at D=192 causal at 3072 (under length_causal_192_gqa, 4096), the kernel 6-7 % faster there,
+# shorter calls than the H100's limits (2 x 24 / 8 heads x 2048^2 = 2^27.6 pairs, handed over with
+# the kernel 7 % faster under the former 2^28 GQA pair limit, a85d959, is kept since pairs_gqa
+# went to 2^27 there), GQA at D=192 causal at 3072 (under length_causal_192_gqa, 4096), the kernel 6-7 % faster there,
 # 2-6 % slower on the H100 but for 4 x 32 / 8 (4-6 % faster), and at D=160 the same calls 0-8 %
 # faster on cuDNN (78df896; the H100: 59ea616, 64e6cf3); and non-causal GQA at head dims 129-192
 # around length_192_gqa, where the crossover moves with the shape, after the column-pair stores:
@@ -567,7 +586,6 @@ def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
 ROUTE_COST = {("2026-11-27-NVIDIA_H100_80GB_HBM3-da6d172-crossover-wide-gqa-short", (4, 32, 2048, 2048, 176, False)): 1.08,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 192, False)): 1.09,
               ("2026-11-27-NVIDIA_H100_80GB_HBM3-f8ee2e6-crossover-lse-wide-gqa-edge-check", (2, 40, 2176, 2176, 144, False)): 1.08,
-              ("2026-11-24-NVIDIA_H200-a85d959-crossover-padded-gqa-small", (2, 24, 2048, 2048, 128, False)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-wide-gqa-check", (1, 64, 3072, 3072, 192, True)): 1.08,
               ("2026-11-27-NVIDIA_H200-78df896-crossover-lse-wide-gqa", (4, 32, 3072, 3072, 192, True)): 1.08,
@@ -1077,7 +1095,12 @@ def test_main_module_states_the_pair_limits_as_set():
     # the non-causal lengths off cuDNN's tile and with GQA, where a row has them
     split = ("below 2048 (non-causal at D <= 128: 1792 where Nq or Nk is not a multiple of 128; with 2 or more "
              "query heads per K/V head 1472, 1664 where both are), causal 3072")
-    assert split in sm90 and split in h200 and "below 2048, causal 3072" in others
+    assert split in sm90 and "below 2048, causal 3072" in others
+    assert ("below 2048 (non-causal at D <= 128: 1472 where Nq or Nk is not a multiple of 128; with 2 or more "
+            "query heads per K/V head 1344, 1536 where both are), causal 3072") in h200
+    # the GQA pair limit, where a row has its own
+    assert "or B*H*Nq*Nk below 2^28 (non-causal at D <= 128 with 2 or more query heads per K/V head 2^27)," in h200
+    assert "or B*H*Nq*Nk below 2^28, causal" in sm90 and "or B*H*Nq*Nk below 2^28, causal" in others
 
 
 def _short_route(monkeypatch):

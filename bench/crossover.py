@@ -49,7 +49,7 @@ dims between the lengths measured there, ``padded-causal-check`` the same length
 counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pair limit there);
 ``short-h200-check`` non-causal calls at head dims 64 and 128 around the H200's limits for GQA and
 lengths off cuDNN's tile (shapes ``unaligned`` and ``unaligned-check``, which set them, did not
-have). With
+have), ``short-h200-gqa-check`` GQA calls off the tile around the length it moved that limit to. With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -271,6 +271,12 @@ SHORT_H200_CHECK = ([(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hk
                                             (2, 16, 2, 2240))]
                     + [(b, h, h, n, n, d, False) for d in (128, 64) for b, h in ((4, 32), (2, 48), (8, 16))
                        for n in (1400, 1504)])
+# short-h200-check had GQA calls off the tile ahead on the kernel from 1216 keys (D=64 from 1088,
+# the shortest measured): length_gqa 1344 -> 1216, checked on groups (8 and 2 query heads per K/V
+# head), head counts and a head dim (96) that neither set had, on both sides of it
+SHORT_H200_GQA_CHECK = ([(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hkv in ((4, 32, 4), (1, 128, 16), (4, 32, 16))
+                         for n in (1120, 1184, 1248)]
+                        + [(4, 32, 8, n, n, 96, False) for n in (1184, 1248)])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -318,6 +324,7 @@ SETS = {
     "causal-pairs-check": CAUSAL_PAIRS_CHECK,
     "causal-long": CAUSAL_LONG,
     "short-h200-check": SHORT_H200_CHECK,
+    "short-h200-gqa-check": SHORT_H200_GQA_CHECK,
 }
 
 

@@ -164,9 +164,10 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_
 #: The wgmma kernel on the H200: the H100's limits, checked there on the same sets, but for
 #: non-causal calls off cuDNN's tile or with GQA, which it keeps from shorter calls (its faster
 #: memory makes the quantization cheaper: at head dims up to 128 set on the ``unaligned`` and
-#: ``unaligned-check`` sets at b55e7ac and 6329c6b; at 129-192 on the wide GQA sets;
+#: ``unaligned-check`` sets at b55e7ac and 6329c6b, GQA off the tile moved to 1216 on
+#: ``short-h200-check`` (b4ae6b0); at 129-192 on the wide GQA sets;
 #: bench/HANDOVER.md, "The H200's row"). The GH200 keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1344, length_gqa_aligned=1536, pairs_gqa=1 << 27,
+H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1216, length_gqa_aligned=1536, pairs_gqa=1 << 27,
                                 length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"

@@ -99,7 +99,7 @@ def test_hand_over_limits_by_gpu_name(name, limits):
 def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     """The H200's row is the H100's but for non-causal calls that its faster memory lets the
     kernel win from shorter lengths: at head dims up to 128 off cuDNN's tile from 1472 (the H100
-    1792), with GQA from 1344, 1536 where Nq and Nk are multiples of 128, and 2^27 pairs (1472,
+    1792), with GQA from 1216, 1536 where Nq and Nk are multiples of 128, and 2^27 pairs (1472,
     1664 and 2^28; ``unaligned``, ``unaligned-check``, ``short-h200-check``); GQA calls at head
     dims 129-192 from N=1344 (1664 where Nq and Nk are multiples of 128, which cuDNN runs best)
     and 3 x 2^26 pairs (the H100 from 2080 and 2^28; both measured after the column-pair stores),
@@ -113,14 +113,15 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
                     "length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
     h200, h100 = dispatch.H200_SM90, dispatch.GH100_SM90
     assert (h200.length_192_gqa, h200.length_192_gqa_aligned, h200.pairs_192_gqa) == (1344, 1664, 3 << 26)
-    assert (h200.length_unaligned, h200.length_gqa, h200.length_gqa_aligned, h200.pairs_gqa) == (1472, 1344, 1536, 1 << 27)
+    assert (h200.length_unaligned, h200.length_gqa, h200.length_gqa_aligned, h200.pairs_gqa) == (1472, 1216, 1536, 1 << 27)
     assert (h100.length_unaligned, h100.length_gqa, h100.length_gqa_aligned, h100.pairs_gqa) == (1792, 1472, 1664, 1 << 28)
     # (call, the H100 hands it over, the H200 does) at head dims up to 128, non-causal
     for call, on_h100, on_h200 in (((4, 32, 1600, 1600, 128, False, 32), True, False),  # off the tile
                                    ((4, 32, 1408, 1408, 128, False, 32), True, True),
                                    ((4, 32, 1536, 1536, 128, False, 32), True, True),  # on it: 2048 on both
                                    ((4, 32, 1376, 1376, 64, False, 8), True, False),  # GQA
-                                   ((4, 32, 1312, 1312, 64, False, 8), True, True),
+                                   ((4, 32, 1216, 1216, 64, False, 8), True, False),
+                                   ((4, 32, 1184, 1184, 64, False, 8), True, True),
                                    ((4, 32, 1536, 1536, 128, False, 8), True, False),  # GQA on the tile
                                    ((4, 32, 1408, 1408, 128, False, 8), True, True),
                                    ((1, 32, 2112, 2112, 128, False, 4), True, False),  # GQA pairs: 2^27.1
@@ -1097,7 +1098,7 @@ def test_main_module_states_the_pair_limits_as_set():
              "query heads per K/V head 1472, 1664 where both are), causal 3072")
     assert split in sm90 and "below 2048, causal 3072" in others
     assert ("below 2048 (non-causal at D <= 128: 1472 where Nq or Nk is not a multiple of 128; with 2 or more "
-            "query heads per K/V head 1344, 1536 where both are), causal 3072") in h200
+            "query heads per K/V head 1216, 1536 where both are), causal 3072") in h200
     # the GQA pair limit, where a row has its own
     assert "or B*H*Nq*Nk below 2^28 (non-causal at D <= 128 with 2 or more query heads per K/V head 2^27)," in h200
     assert "or B*H*Nq*Nk below 2^28, causal" in sm90 and "or B*H*Nq*Nk below 2^28, causal" in others

@@ -82,7 +82,8 @@ class HandOver(NamedTuple):
     kernel gains on cuDNN with the length, so long causal calls on few heads still beat it).
     Causal GQA calls with at least
     :data:`GQA_GROUP` query heads per K/V head take ``pairs_causal_gqa`` instead, and non-causal
-    ones at head dims up to 128 ``pairs_gqa``: the quantization reads K and V of fewer heads. At head dims 129-192 GQA calls with that many
+    ones at head dims up to 128 ``pairs_gqa``: the quantization reads K and V of fewer heads. At
+    head dims 129-192 GQA calls with that many
     query heads per K/V head take ``pairs_192_gqa`` instead of ``pairs_192``, and
     ``length_192_gqa`` and ``length_causal_192_gqa`` instead of ``length_192`` and
     ``length_causal_192``. Non-causal calls at head dims 129-192 take ``length_192`` (``_gqa``)

@@ -126,7 +126,7 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
                                    ((4, 32, 1408, 1408, 128, False, 8), True, True),
                                    ((1, 32, 2112, 2112, 128, False, 4), True, False),  # GQA pairs: 2^27.1
                                    ((2, 16, 2000, 2000, 128, False, 2), True, True),  # 2^26.9
-                                   ((1, 32, 2112, 2112, 128, False, 32), True, True)):  # no GQA: 2^28
+                                   ((1, 32, 2112, 2112, 128, False, 32), True, True)):  # no GQA: under 2^28
         assert dispatch.short_call(h100, *call) is on_h100, call
         assert dispatch.short_call(h200, *call) is on_h200, call
     for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
@@ -566,11 +566,9 @@ def test_two_consumer_runs_are_recorded_runs_with_such_rows(run):
 
 
 # the measured shapes outside 6 %: on the H200, whose faster memory moves the crossover to
-# shorter calls than the H100's limits (2 x 24 / 8 heads x 2048^2 = 2^27.6 pairs, handed over with
-# the kernel 7 % faster under the former 2^28 GQA pair limit, a85d959, is kept since pairs_gqa
-# went to 2^27 there), GQA at D=192 causal at 3072 (under length_causal_192_gqa, 4096), the kernel 6-7 % faster there,
-# 2-6 % slower on the H100 but for 4 x 32 / 8 (4-6 % faster), and at D=160 the same calls 0-8 %
-# faster on cuDNN (78df896; the H100: 59ea616, 64e6cf3); and non-causal GQA at head dims 129-192
+# shorter calls than the H100's limits, GQA at D=192 causal at 3072 (under
+# length_causal_192_gqa, 4096), the kernel 6-7 % faster there, 2-6 % slower on the H100 but for
+# 4 x 32 / 8 (4-6 % faster), and at D=160 the same calls 0-8 % faster on cuDNN (78df896; the H100: 59ea616, 64e6cf3); and non-causal GQA at head dims 129-192
 # around length_192_gqa, where the crossover moves with the shape, after the column-pair stores:
 # on the H100 (2080, da6d172) one call under it, 4 x 32 / 8 x 2048^2 at D=176, the kernel 7 %
 # faster (the set's other 2048 calls 0.95-1.04), and two with the LSE above it, 2 x 40 / 20 x
@@ -815,8 +813,9 @@ def test_unaligned_limits_cost_little_over_their_runs():
 # (c8450ef, 1cbeaf8): the kernel at 0.95 of its time at ace133f on the ``unaligned`` shapes (cuDNN
 # unchanged), so the H100's limits, which the H200 had kept, handed it calls it won by 10-30 %. Its
 # own limits (off the tile 1472, GQA 1216 and 1536 on the tile, GQA pairs 2^27) were set on the
-# first four runs and checked on the last four, in that order (bench/HANDOVER.md, "The H200's
-# row"). Held as a whole: {run: calls}
+# first four runs (GQA at 1344), checked on the next two (b4ae6b0), which moved GQA to 1216, and
+# that checked on the last two (9f2e7e7; bench/HANDOVER.md, "The H200's row"). Held as a whole:
+# {run: calls}
 H200_SHORT_RUNS = {"2026-11-28-NVIDIA_H200-b55e7ac-crossover-square": 48,
                    "2026-11-28-NVIDIA_H200-b55e7ac-crossover-unaligned": 60,
                    "2026-11-28-NVIDIA_H200-6329c6b-crossover-unaligned-check": 61,
@@ -828,7 +827,7 @@ H200_SHORT_RUNS = {"2026-11-28-NVIDIA_H200-b55e7ac-crossover-square": 48,
 
 
 def test_h200_short_limits_cost_little_over_their_runs():
-    """Over the 385 calls of H200_SHORT_RUNS (D 64, 96 and 128, causal and not; 1 and 2-16 query
+    """Over the 385 calls of H200_SHORT_RUNS (D 64, 96 and 128, causal and not; 1 and 2-8 query
     heads per K/V head; N 512-4096) the H200's limits put the calls 0.71 % over their faster side's
     time on average, 17 more than 6 % off, the worst 16 % (1 x 32 x 2112^2, under the pair limit);
     the H100's limits there gave 2.94 %, 70 and 31 %, and GQA from 1344 (the value the last check

@@ -76,7 +76,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // Symmetric INT8 of t (a value times its group's inverse scale): round half away from zero,
 // saturated to +-127, NaN to +-127 by its sign bit. Two spellings of one function, equal on
-// every float (tests/int8_round_check.cu runs all 2^32 of them): int8_round, the plain one
+// every float (tests/cpp/int8_round.cu runs all 2^32 of them): int8_round, the plain one
 // (quant_int8.cu; the reference's arithmetic: floor(|t| + 0.5) with that add rounded to
 // nearest), and int8_code, the code as the low byte of a word from five full-rate fp32 / logic
 // instructions, no FRND or F2I (quant_qkv.cu).

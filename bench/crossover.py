@@ -49,7 +49,9 @@ dims between the lengths measured there, ``padded-causal-check`` the same length
 counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pair limit there);
 ``short-h200-check`` non-causal calls at head dims 64 and 128 around the H200's limits for GQA and
 lengths off cuDNN's tile (shapes ``unaligned`` and ``unaligned-check``, which set them, did not
-have), ``short-h200-gqa-check`` GQA calls off the tile around the length it moved that limit to. With
+have), ``short-h200-gqa-check`` GQA calls off the tile around the length it moved that limit to,
+``short-gqa-d64`` GQA calls at D=64 below that length, ``unaligned-pairs`` calls off the tile on few
+heads around the pair limit. With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -277,6 +279,19 @@ SHORT_H200_CHECK = ([(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hk
 SHORT_H200_GQA_CHECK = ([(b, h, hkv, n, n, d, False) for d in (128, 64) for b, h, hkv in ((4, 32, 4), (1, 128, 16), (4, 32, 16))
                          for n in (1120, 1184, 1248)]
                         + [(4, 32, 8, n, n, 96, False) for n in (1184, 1248)])
+# the H200's GQA calls at D=64 passed cuDNN from 1088 keys off its tile (the shortest measured:
+# short-h200-check, short-h200-gqa-check), where D=128's pass it from 1216 (length_gqa): 800-1184
+# off the tile and 896 / 1024 on it, on 256 query heads (above pairs_gqa from 800 keys)
+SHORT_GQA_D64 = [(b, h, hkv, n, n, 64, False) for b, h, hkv in ((4, 64, 8), (8, 32, 4), (2, 128, 16))
+                 for n in (800, 864, 928, 992, 1056, 1184, 896, 1024)]
+# non-causal calls off cuDNN's tile, not GQA, above length_unaligned and on few heads: the H200's
+# 1 x 32 x 2112^2 (pairs 2^27.1, under pairs 2^28) ran 9-15 % faster on the kernel in three runs,
+# the H100's at D=64 12 %, while 1 x 32 x 2048^2 on the tile was cuDNN's by 13-15 %. Pairs from
+# 2^26.5 to 2^28, lengths 1900-6000
+UNALIGNED_PAIRS = [(b, h, h, n, n, d, False) for d in (128, 64)
+                   for b, h, n in ((1, 32, 1900), (1, 16, 2500), (1, 8, 3500), (1, 32, 2112), (2, 16, 2112),
+                                   (1, 16, 3000), (1, 8, 4200), (1, 4, 6000), (1, 24, 2500), (1, 32, 2800),
+                                   (1, 16, 3900), (1, 8, 5500))]
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -325,6 +340,8 @@ SETS = {
     "causal-long": CAUSAL_LONG,
     "short-h200-check": SHORT_H200_CHECK,
     "short-h200-gqa-check": SHORT_H200_GQA_CHECK,
+    "short-gqa-d64": SHORT_GQA_D64,
+    "unaligned-pairs": UNALIGNED_PAIRS,
 }
 
 

@@ -51,7 +51,7 @@ counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pai
 lengths off cuDNN's tile (shapes ``unaligned`` and ``unaligned-check``, which set them, did not
 have), ``short-h200-gqa-check`` GQA calls off the tile around the length it moved that limit to,
 ``short-gqa-d64`` GQA calls at D=64 below that length, ``unaligned-pairs`` calls off the tile on few
-heads around the pair limit. With
+heads around the pair limit, ``pairs-gqa-d64-check`` the limits those two set, on other shapes. With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -292,6 +292,14 @@ UNALIGNED_PAIRS = [(b, h, h, n, n, d, False) for d in (128, 64)
                    for b, h, n in ((1, 32, 1900), (1, 16, 2500), (1, 8, 3500), (1, 32, 2112), (2, 16, 2112),
                                    (1, 16, 3000), (1, 8, 4200), (1, 4, 6000), (1, 24, 2500), (1, 32, 2800),
                                    (1, 16, 3900), (1, 8, 5500))]
+# the two limits those sets gave the H200 (length_gqa_d64 896, pairs_unaligned 2^27), checked on
+# shapes they did not have: GQA at D=64 with 2 and 4 query heads per K/V head and other lengths on
+# both sides of 896; off the tile, other head counts and lengths from 2^26.7 to 2^27.4 pairs
+PAIRS_GQA_D64_CHECK = ([(b, h, hkv, n, n, 64, False) for b, h, hkv in ((8, 32, 16), (4, 48, 12))
+                        for n in (832, 880, 960, 1000, 1120)]
+                       + [(b, h, h, n, n, d, False) for d in (128, 64)
+                          for b, h, n in ((1, 12, 3800), (1, 20, 2700), (2, 8, 2600), (1, 40, 2000), (1, 6, 5000),
+                                          (1, 28, 2300), (1, 48, 1700), (1, 2, 9000), (2, 24, 1800), (1, 10, 3300))])
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -342,6 +350,7 @@ SETS = {
     "short-h200-gqa-check": SHORT_H200_GQA_CHECK,
     "short-gqa-d64": SHORT_GQA_D64,
     "unaligned-pairs": UNALIGNED_PAIRS,
+    "pairs-gqa-d64-check": PAIRS_GQA_D64_CHECK,
 }
 
 

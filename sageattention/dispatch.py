@@ -68,14 +68,15 @@ class HandOver(NamedTuple):
     reads, queries and keys weighed alike (why, and the length before it: bench/HANDOVER.md,
     "Decode, cross-attention and Nq ≠ Nk"). Below ``length`` (non-causal calls at head dims up to
     128: ``length_unaligned`` where Nq or Nk is not a multiple of :data:`CUDNN_TILE`, which cuDNN runs slower per pair; with
-    :data:`GQA_GROUP` or more query heads per K/V head ``length_gqa``, at least
-    ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls,
+    :data:`GQA_GROUP` or more query heads per K/V head ``length_gqa`` (``length_gqa_d64`` at
+    head dim 64), at least ``length_gqa_aligned`` where both are multiples; ``length_causal`` for causal calls,
     ``length_causal_d64`` for causal calls with head dim <= 64, ``length_padded`` for head dims
     between 192 and 256, which the kernel runs zero-padded to 256 while SDPA runs them at their
     width, ``length_192`` and ``length_causal_192`` for head dims 129-192, which it runs on 192 of
     those columns; for causal calls at the head dims it pads to 128 or 64,
     ``length_causal_padded`` and ``length_causal_padded_d64``) the quantization costs more than
-    the kernel saves; below ``pairs`` (``pairs_causal``; ``pairs_192`` for head dims 129-192, at
+    the kernel saves; below ``pairs`` (``pairs_unaligned`` for non-causal calls off the tile
+    at head dims up to 128, not GQA; ``pairs_causal``; ``pairs_192`` for head dims 129-192, at
     least the causal pair limit for causal calls there) of ``B·Hq·Nq·Nk`` the call is too small
     to fill the GPU; causal calls of ``length_causal_long`` keys or more
     at head dims up to 128 are short only below ``pairs_causal_long`` if that is lower (the
@@ -103,6 +104,7 @@ class HandOver(NamedTuple):
     length: int
     length_unaligned: int
     length_gqa: int
+    length_gqa_d64: int
     length_gqa_aligned: int
     length_causal: int
     length_causal_d64: int
@@ -117,6 +119,7 @@ class HandOver(NamedTuple):
     pairs_192_gqa: int
     length_192_gqa_aligned: int
     pairs: int
+    pairs_unaligned: int
     pairs_gqa: int
     pairs_causal: int
     pairs_causal_gqa: int
@@ -137,20 +140,22 @@ GQA_GROUP = 2
 
 
 #: The wgmma kernel (cuda_sm90) on sm90 parts with the H100's tensor rate per SM (H100, H800,
-#: GH200; the H200 takes H200_SM90 below, these but three limits), measured on an H100 beside SDPA
+#: GH200; the H200 takes H200_SM90 below: these but for non-causal limits), measured on an H100 beside SDPA
 #: with bench/crossover.py: short square and rectangular calls, head dims above 128 (on 192 of
 #: 256 columns at 129-192), padded head dims, GQA, causal pair counts, lengths off cuDNN's tile,
 #: each with and without the LSE. Which run set each value, and the checks after it:
 #: bench/HANDOVER.md ("Each limit's derivation"); tests/test_dispatch.py holds the recorded runs
 #: against these values.
 GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
-                      length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664,
+                      length=2048, length_unaligned=1792, length_gqa=1472, length_gqa_d64=1472,
+                      length_gqa_aligned=1664,
                       length_causal=3072, length_causal_d64=4096, length_padded=8192,
                       length_causal_padded=3072, length_causal_padded_d64=5120,
                       length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                       length_192_gqa=2080, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                       length_192_gqa_aligned=2080,
-                      pairs=1 << 28, pairs_gqa=1 << 28, pairs_causal=3 << 28, pairs_causal_gqa=1 << 29,
+                      pairs=1 << 28, pairs_unaligned=1 << 28, pairs_gqa=1 << 28, pairs_causal=3 << 28,
+                      pairs_causal_gqa=1 << 29,
                       length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
@@ -160,15 +165,17 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
 _CAUSAL_BEFORE_NC3 = dict(length_causal_padded=3584, pairs_causal=1 << 30, pairs_causal_long=1 << 30)
 #: Likewise the non-causal length before lengths off cuDNN's tile and GQA calls were measured apart
 #: (the ``unaligned`` set): one length for every call at head dims up to 128.
-_NON_CAUSAL_ONE_LENGTH = dict(length_unaligned=2048, length_gqa=2048, length_gqa_aligned=2048)
+_NON_CAUSAL_ONE_LENGTH = dict(length_unaligned=2048, length_gqa=2048, length_gqa_d64=2048, length_gqa_aligned=2048)
 GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_NON_CAUSAL_ONE_LENGTH)
 #: The wgmma kernel on the H200: the H100's limits, checked there on the same sets, but for
 #: non-causal calls off cuDNN's tile or with GQA, which it keeps from shorter calls (its faster
 #: memory makes the quantization cheaper: at head dims up to 128 set on the ``unaligned`` and
 #: ``unaligned-check`` sets at b55e7ac and 6329c6b, GQA off the tile moved to 1216 on
-#: ``short-h200-check`` (b4ae6b0); at 129-192 on the wide GQA sets;
+#: ``short-h200-check`` (b4ae6b0), at D=64 to 896 and off the tile on few heads a pair limit of
+#: 2^27 on ``short-gqa-d64`` and ``unaligned-pairs`` (a974ba0); at 129-192 on the wide GQA sets;
 #: bench/HANDOVER.md, "The H200's row"). The GH200 keeps the H100's row: not measured.
-H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1216, length_gqa_aligned=1536, pairs_gqa=1 << 27,
+H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1216, length_gqa_d64=896, length_gqa_aligned=1536,
+                                pairs_unaligned=1 << 27, pairs_gqa=1 << 27,
                                 length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
@@ -410,10 +417,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     elif head_dim <= 128:  # non-causal: cuDNN runs lengths off its tile slower, and GQA calls
         # quantize K and V of fewer heads
         if gqa:
-            length = on_tile(lim.length_gqa, lim.length_gqa_aligned, aligned)
+            length = on_tile(lim.length_gqa_d64 if head_dim == 64 else lim.length_gqa, lim.length_gqa_aligned, aligned)
             pairs = lim.pairs_gqa
         elif not aligned:
-            length = lim.length_unaligned
+            length, pairs = lim.length_unaligned, lim.pairs_unaligned
     if 128 < head_dim <= 192:  # run on 192 of MAX_HEAD_DIM's columns, zero-padded
         if causal:
             length = max(length, lim.length_causal_192_gqa if gqa else lim.length_causal_192)

@@ -109,24 +109,33 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     from before the switch-over moved (3584, 2^30), which neither GPU measured again. Without
     the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
-    assert diff == {"length_unaligned", "length_gqa", "length_gqa_aligned", "pairs_gqa",
-                    "length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
+    assert diff == {"length_unaligned", "length_gqa", "length_gqa_d64", "length_gqa_aligned", "pairs_unaligned",
+                    "pairs_gqa", "length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
     h200, h100 = dispatch.H200_SM90, dispatch.GH100_SM90
     assert (h200.length_192_gqa, h200.length_192_gqa_aligned, h200.pairs_192_gqa) == (1344, 1664, 3 << 26)
     assert (h200.length_unaligned, h200.length_gqa, h200.length_gqa_aligned, h200.pairs_gqa) == (1472, 1216, 1536, 1 << 27)
     assert (h100.length_unaligned, h100.length_gqa, h100.length_gqa_aligned, h100.pairs_gqa) == (1792, 1472, 1664, 1 << 28)
+    # GQA at D=64 and calls off the tile on few heads: the H200's own (short-gqa-d64,
+    # unaligned-pairs); the H100 was not measured there and takes its D=128 length and its pairs
+    assert (h200.length_gqa_d64, h200.pairs_unaligned, h100.length_gqa_d64, h100.pairs_unaligned) == (896, 1 << 27, 1472, 1 << 28)
     # (call, the H100 hands it over, the H200 does) at head dims up to 128, non-causal
     for call, on_h100, on_h200 in (((4, 32, 1600, 1600, 128, False, 32), True, False),  # off the tile
                                    ((4, 32, 1408, 1408, 128, False, 32), True, True),
                                    ((4, 32, 1536, 1536, 128, False, 32), True, True),  # on it: 2048 on both
                                    ((4, 32, 1376, 1376, 64, False, 8), True, False),  # GQA
                                    ((4, 32, 1216, 1216, 64, False, 8), True, False),
-                                   ((4, 32, 1184, 1184, 64, False, 8), True, True),
+                                   ((4, 32, 1184, 1184, 64, False, 8), True, False),  # D=64: from 896
+                                   ((4, 32, 1184, 1184, 128, False, 8), True, True),
+                                   ((4, 64, 928, 928, 64, False, 8), True, False),
+                                   ((4, 64, 864, 864, 64, False, 8), True, True),
+                                   ((4, 64, 1024, 1024, 64, False, 8), True, True),  # on the tile: 1536
                                    ((4, 32, 1536, 1536, 128, False, 8), True, False),  # GQA on the tile
                                    ((4, 32, 1408, 1408, 128, False, 8), True, True),
                                    ((1, 32, 2112, 2112, 128, False, 4), True, False),  # GQA pairs: 2^27.1
                                    ((2, 16, 2000, 2000, 128, False, 2), True, True),  # 2^26.9
-                                   ((1, 32, 2112, 2112, 128, False, 32), True, True)):  # no GQA: under 2^28
+                                   ((1, 32, 2112, 2112, 128, False, 32), True, False),  # no GQA, off the tile: 2^27
+                                   ((1, 32, 1900, 1900, 128, False, 32), True, True),  # 2^26.8
+                                   ((1, 32, 2048, 2048, 128, False, 32), True, True)):  # on it: under 2^28
         assert dispatch.short_call(h100, *call) is on_h100, call
         assert dispatch.short_call(h200, *call) is on_h200, call
     for f, sm90, before in (("length_causal_padded", 3072, 3584), ("pairs_causal", 3 << 28, 1 << 30),
@@ -174,14 +183,16 @@ def test_choice_is_cached_per_capability_and_name(monkeypatch):
 
 
 LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_unaligned=2048, length_gqa=2048,
-                           length_gqa_aligned=0, length_causal=3072, length_causal_d64=4096,
+                           length_gqa_d64=2048, length_gqa_aligned=0, length_causal=3072, length_causal_d64=4096,
                            length_padded=8192, length_causal_padded=3584, length_causal_padded_d64=5120,
                            length_192=3072, length_causal_192=5120, pairs_192=1 << 29,
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                            length_192_gqa_aligned=0,
-                           pairs=1 << 28, pairs_gqa=1 << 28, pairs_causal=1 << 30, pairs_causal_gqa=1 << 29,
-                           length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=128)
-UNALIGNED = LIMITS._replace(length_unaligned=1792, length_gqa=1472, length_gqa_aligned=1664)
+                           pairs=1 << 28, pairs_unaligned=1 << 28, pairs_gqa=1 << 28, pairs_causal=1 << 30,
+                           pairs_causal_gqa=1 << 29, length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=128)
+UNALIGNED = LIMITS._replace(length_unaligned=1792, length_gqa=1472, length_gqa_d64=1472, length_gqa_aligned=1664)
+# GQA at head dim 64 and the pair limit off the tile set apart (the H200's row)
+APART = UNALIGNED._replace(length_gqa_d64=896, pairs_unaligned=1 << 27)
 WIDE_ONLY = LIMITS._replace(head_dim_above=128, **{f: 0 for f in LIMITS._fields[1:-1]})  # no call is short by these
 
 
@@ -371,6 +382,21 @@ def _dims(b, h, nq, nk, d, hkv=None):
     (UNALIGNED, _dims(4, 32, 2560, 1856, 128), True, False, False),  # Nq > Nk causal: non-causal limits
     (UNALIGNED, _dims(2, 32, 1856, 1856, 128), False, False, True),  # 2^27.7 pairs
     (UNALIGNED, _dims(4, 32, 1856, 1856, 160), False, False, True),  # 129-192: length_192 (3072)
+    # length_gqa_d64 for GQA calls at head dim 64 alone (on the tile still length_gqa_aligned),
+    # pairs_unaligned for calls off the tile that are not GQA
+    (APART, _dims(16, 32, 928, 928, 64, hkv=8), False, False, False),  # 2^28.7 pairs
+    (APART, _dims(16, 32, 864, 864, 64, hkv=8), False, False, True),
+    (APART, _dims(16, 32, 928, 928, 128, hkv=8), False, False, True),  # D=128: length_gqa (1472)
+    (APART, _dims(16, 32, 928, 928, 56, hkv=8), False, False, True),  # padded to 64: length_gqa
+    (APART, _dims(16, 32, 1024, 1024, 64, hkv=8), False, False, True),  # on the tile: 1664
+    (APART, _dims(16, 32, 928, 928, 64, hkv=8), True, False, True),  # causal: length_causal_d64
+    (APART, _dims(16, 32, 928, 928, 64), False, False, True),  # no GQA: length_unaligned (1792)
+    (APART, _dims(1, 32, 2112, 2112, 128), False, False, False),  # 2^27.1 pairs
+    (APART, _dims(1, 32, 1900, 1900, 128), False, False, True),  # 2^26.8
+    (APART, _dims(1, 32, 2048, 2048, 128), False, False, True),  # on the tile: pairs (2^28)
+    (APART, _dims(1, 32, 2112, 2112, 128, hkv=4), False, False, True),  # GQA: pairs_gqa (2^28)
+    (APART, _dims(1, 32, 2112, 2112, 128), True, False, True),  # causal: pairs_causal
+    (APART, _dims(1, 32, 2112, 2112, 160), False, False, True),  # 129-192: length_192
     (LIMITS, _dims(4, 32, 4096, 4096, 200, hkv=8), True, False, True),  # 193-255: 8192 either way
     (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 4096, 4096, 192, hkv=8), True, True, False),  # the LSE likewise
     (LIMITS._replace(lse_head_dim=256), _dims(4, 32, 3072, 3072, 192, hkv=8), True, True, True),

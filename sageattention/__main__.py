@@ -55,12 +55,15 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
     g = dispatch.GQA_GROUP
     aligned = (f" ({s.length_192_gqa_aligned} where Nq and Nk are multiples of {dispatch.CUDNN_TILE})"
                if s.length_192_gqa_aligned > s.length_192_gqa else "")
-    non_causal = ("" if s.length_unaligned == s.length_gqa == s.length_gqa_aligned == s.length else
+    d64 = f" ({s.length_gqa_d64} at D = 64)" if s.length_gqa_d64 != s.length_gqa else ""
+    non_causal = ("" if s.length_unaligned == s.length_gqa == s.length_gqa_d64 == s.length_gqa_aligned == s.length else
                   f" (non-causal at D <= 128: {s.length_unaligned} where Nq or Nk is not a multiple of "
-                  f"{dispatch.CUDNN_TILE}; with {g} or more query heads per K/V head {s.length_gqa}, "
+                  f"{dispatch.CUDNN_TILE}; with {g} or more query heads per K/V head {s.length_gqa}{d64}, "
                   f"{dispatch.on_tile(s.length_gqa, s.length_gqa_aligned, True)} where both are)")
-    gqa_pairs = (f" (non-causal at D <= 128 with {g} or more query heads per K/V head {_count(s.pairs_gqa)})"
-                 if s.pairs_gqa != s.pairs else "")
+    split_pairs = [f"off the tile without GQA {_count(s.pairs_unaligned)}"] if s.pairs_unaligned != s.pairs else []
+    if s.pairs_gqa != s.pairs:
+        split_pairs.append(f"with {g} or more query heads per K/V head {_count(s.pairs_gqa)}")
+    gqa_pairs = f" (non-causal at D <= 128 {', '.join(split_pairs)})" if split_pairs else ""
     long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
                   if s.pairs_causal_long < s.pairs_causal else "")
     return (f"  to SDPA (cuDNN first): {wide}"

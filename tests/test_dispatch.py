@@ -824,9 +824,9 @@ UNALIGNED_RUNS = {"2026-11-28-NVIDIA_H100_80GB_HBM3-75b30ed-crossover-unaligned-
 def test_unaligned_limits_cost_little_over_their_runs():
     """Over the 363 calls of UNALIGNED_RUNS (D 64, 96 and 128; 1 and 2-8 query heads per K/V
     head; N 1000-4160) today's limits (on the H100 2048 on the tile, 1792 off it, with GQA 1472 and
-    1664 on the tile; the H200's own since H200_SHORT_RUNS) put the calls 0.61 % over their faster
-    side's time on average, 12 more than 6 % off, the worst 17 % (1 x 32 x 2112^2 at D=64 on the
-    H200, under the pair limit); with the H100's limits on both GPUs 0.93 % and 19, and 1.16 % and
+    1664 on the tile; the H200's own since H200_SHORT_RUNS) put the calls 0.54 % over their faster
+    side's time on average, 10 more than 6 % off, the worst 16 % (8 x 32 / 8 x 1440^2 at D=64 on
+    the H100, GQA under 1472); with the H100's limits on both GPUs 0.93 % and 19, and 1.16 % and
     25 with the length of Nq != Nk calls before 2026-11-28 (3 Nq Nk / (Nq + 2 Nk)). One length for
     every non-causal call (2048, the limits before these runs) gave 6.06 %, 141 and 30 %
     (bench/route_check.py)."""
@@ -840,8 +840,10 @@ def test_unaligned_limits_cost_little_over_their_runs():
 # unchanged), so the H100's limits, which the H200 had kept, handed it calls it won by 10-30 %. Its
 # own limits (off the tile 1472, GQA 1216 and 1536 on the tile, GQA pairs 2^27) were set on the
 # first four runs (GQA at 1344), checked on the next two (b4ae6b0), which moved GQA to 1216, and
-# that checked on the last two (9f2e7e7; bench/HANDOVER.md, "The H200's row"). Held as a whole:
-# {run: calls}
+# that checked on the next two (9f2e7e7), which found GQA at D=64 ahead from 1088 keys, the
+# shortest measured; GQA at D=64 (896) and a pair limit for calls off the tile (2^27, not GQA) set
+# on the next four (a974ba0) and checked on the last two (4316294; bench/HANDOVER.md, "The H200's
+# row"). Held as a whole: {run: calls}
 H200_SHORT_RUNS = {"2026-11-28-NVIDIA_H200-b55e7ac-crossover-square": 48,
                    "2026-11-28-NVIDIA_H200-b55e7ac-crossover-unaligned": 60,
                    "2026-11-28-NVIDIA_H200-6329c6b-crossover-unaligned-check": 61,
@@ -849,18 +851,25 @@ H200_SHORT_RUNS = {"2026-11-28-NVIDIA_H200-b55e7ac-crossover-square": 48,
                    "2026-11-28-NVIDIA_H200-b4ae6b0-crossover-short-h200-check": 58,
                    "2026-11-28-NVIDIA_H200-b4ae6b0-crossover-lse-short-h200-check": 58,
                    "2026-11-28-NVIDIA_H200-9f2e7e7-crossover-short-h200-gqa-check": 20,
-                   "2026-11-28-NVIDIA_H200-9f2e7e7-crossover-lse-short-h200-gqa-check": 20}
+                   "2026-11-28-NVIDIA_H200-9f2e7e7-crossover-lse-short-h200-gqa-check": 20,
+                   "2026-11-28-NVIDIA_H200-a974ba0-crossover-short-gqa-d64": 24,
+                   "2026-11-28-NVIDIA_H200-a974ba0-crossover-lse-short-gqa-d64": 24,
+                   "2026-11-28-NVIDIA_H200-a974ba0-crossover-unaligned-pairs": 24,
+                   "2026-11-28-NVIDIA_H200-a974ba0-crossover-lse-unaligned-pairs": 24,
+                   "2026-11-28-NVIDIA_H200-4316294-crossover-pairs-gqa-d64-check": 30,
+                   "2026-11-28-NVIDIA_H200-4316294-crossover-lse-pairs-gqa-d64-check": 30}
 
 
 def test_h200_short_limits_cost_little_over_their_runs():
-    """Over the 385 calls of H200_SHORT_RUNS (D 64, 96 and 128, causal and not; 1 and 2-8 query
-    heads per K/V head; N 512-4096) the H200's limits put the calls 0.71 % over their faster side's
-    time on average, 17 more than 6 % off, the worst 16 % (1 x 32 x 2112^2, under the pair limit);
-    the H100's limits there gave 2.94 %, 70 and 31 %, and GQA from 1344 (the value the last check
-    moved) 1.14 %, 27 and 18 % (bench/route_check.py)."""
+    """Over the 541 calls of H200_SHORT_RUNS (D 64, 96 and 128, causal and not; 1 and 2-16 query
+    heads per K/V head; N 512-9000) the H200's limits put the calls 0.77 % over their faster side's
+    time on average, 25 more than 6 % off, the worst 18 % (1 x 8 x 4200^2, above the pair limit
+    off the tile: its second round of tiles a third full); without length_gqa_d64 and
+    pairs_unaligned (GQA at D=64 from 1216, calls off the tile under 2^28 pairs handed over) 3.07 %,
+    85 and 73 %, and with the H100's limits 4.66 %, 138 and 73 % (bench/route_check.py)."""
     calls, mean, worst, off = _cost_over_runs(H200_SHORT_RUNS, lambda r: 64 <= r["d"] <= 128)
-    assert calls == 385
-    assert mean <= 0.01 and worst <= 1.17 and off <= 0.05 * calls, (mean, worst, off)
+    assert calls == 541
+    assert mean <= 0.01 and worst <= 1.19 and off <= 0.05 * calls, (mean, worst, off)
 
 
 # Non-causal calls with Nq != Nk around the limits (crossover.py's ``rect-edge`` sets, fewer
@@ -890,7 +899,9 @@ def test_other_kernels_keep_one_non_causal_length():
     """Triton and the mma.sync kernels on the H100 and H200 were not measured off cuDNN's tile or
     with GQA: they keep the one non-causal length they had (2048)."""
     others = dispatch.GH100_OTHERS
-    assert (others.length, others.length_unaligned, others.length_gqa, others.length_gqa_aligned) == (2048,) * 4
+    assert (others.length, others.length_unaligned, others.length_gqa, others.length_gqa_d64,
+            others.length_gqa_aligned) == (2048,) * 5
+    assert others.pairs_unaligned == others.pairs == 1 << 28
     for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
         assert not dispatch.goes_to_sdpa(dispatch.hand_over_for((9, 0), name, "cuda_sm90"),
                                          _dims(4, 32, 1856, 1856, 128), False, False)
@@ -1151,9 +1162,10 @@ def test_main_module_states_the_pair_limits_as_set():
              "query heads per K/V head 1472, 1664 where both are), causal 3072")
     assert split in sm90 and "below 2048, causal 3072" in others
     assert ("below 2048 (non-causal at D <= 128: 1472 where Nq or Nk is not a multiple of 128; with 2 or more "
-            "query heads per K/V head 1216, 1536 where both are), causal 3072") in h200
-    # the GQA pair limit, where a row has its own
-    assert "or B*H*Nq*Nk below 2^28 (non-causal at D <= 128 with 2 or more query heads per K/V head 2^27)," in h200
+            "query heads per K/V head 1216 (896 at D = 64), 1536 where both are), causal 3072") in h200
+    # the pair limits off the tile and with GQA, where a row has its own
+    assert ("or B*H*Nq*Nk below 2^28 (non-causal at D <= 128 off the tile without GQA 2^27, with 2 or more query heads "
+            "per K/V head 2^27),") in h200
     assert "or B*H*Nq*Nk below 2^28, causal" in sm90 and "or B*H*Nq*Nk below 2^28, causal" in others
 
 

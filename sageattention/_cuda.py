@@ -252,6 +252,7 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         v_amax_rows=K_SAMPLE_ROWS if fp8 else None, v_amax_margin=V_AMAX_MARGIN,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
         l_from_pv=module == SM90,
+        kernel_exponent=module == SM90,
         mma_bits=SM90_MMA_BITS if module == SM90 else None,
         v_terms=v_fp8_terms,
     )

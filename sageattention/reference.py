@@ -83,6 +83,13 @@ class QuantConfig:
     # row sums l of the rounded P that the PV product multiplies (the sm90 kernel reads them
     # off its tensor cores, a column of ones next to V) instead of the unrounded P
     l_from_pv: bool = False
+    # P's exponent as the sm90 kernel computes it, in fp32 with one rounding per step (pv="fp8"):
+    # f = q scale * k scale, the score s * f and the running maximum m of those, then
+    # x = fma(1.5*2^23 + s, f, -fma(1.5*2^23, f, m - log2(p_scale))) and P * p_scale = 2^x. The
+    # constant term's rounding is ~0.75 f (under one unit of the INT8 product, far under its
+    # quantization error), but it is the same for a row's keys and can move a P value next to
+    # an e4m3 step to the other side: modelled, so that the oracle rounds P as the kernel does
+    kernel_exponent: bool = False
     # the tensor cores' FP8 product-sum, when not None: each instruction adds ``mma_k``
     # products to its accumulator keeping ``mma_bits`` bits below the leading bit of the
     # largest of them (see :func:`mma_truncated`); None sums the products exactly
@@ -104,6 +111,8 @@ class QuantConfig:
             raise ValueError(f"k_mean_rows must be None or >= 1, got {self.k_mean_rows}")
         if self.v_amax_rows is not None and self.v_amax_rows < 1:
             raise ValueError(f"v_amax_rows must be None or >= 1, got {self.v_amax_rows}")
+        if self.kernel_exponent and self.pv != "fp8":
+            raise ValueError(f"kernel_exponent models P scaled into e4m3's range; it needs pv='fp8', got {self.pv!r}")
         if self.v_terms not in (1, 2) or (self.v_terms == 2 and self.pv != "fp8"):
             raise ValueError(f"v_terms must be 1, or 2 with pv='fp8', got {self.v_terms} with pv={self.pv!r}")
         if not self.v_amax_margin >= 1.0:
@@ -370,6 +379,29 @@ def k_sample_index(n: int, rows: int, device=None) -> torch.Tensor:
     return ((2 * torch.arange(s, device=device) + 1) * n) // (2 * s)
 
 
+_MAGIC = 12582912.0  # 1.5 * 2^23: the sm90 kernel's int32 -> fp32 offset (exact for |s| < 2^22)
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 fused multiply-add of fp32 values, rounded once: the product of two fp32 numbers is
+    exact in float64, the sum is rounded there and then to fp32 (a second rounding that differs
+    from one only when the float64 sum lies within 2^-29 of an fp32 tie)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _kernel_exponent(s_int: torch.Tensor, f: torch.Tensor, m: torch.Tensor, p_scale: float) -> torch.Tensor:
+    """x with 2^x = P * p_scale as the sm90 kernel computes it (QuantConfig.kernel_exponent), as
+    float64: ``s_int`` the int32 scores (float64), ``f`` the fp32 scale products of the same
+    elements, ``m`` the row maxima (float64 holding fp32 values; 0 where a row has none yet)."""
+    off = torch.tensor(math.log2(p_scale), dtype=torch.float32)
+    mo = (m.float() - off).unsqueeze(-1)
+    magic = torch.tensor(_MAGIC, dtype=torch.float32)
+    e = -_fma32(magic.expand_as(f), f, mo.expand_as(f))
+    b = (s_int + _MAGIC).float()  # exact
+    x = _fma32(b, f, e).double()
+    return torch.where(torch.isinf(s_int), torch.full_like(x, float("-inf")), x)
+
+
 def quantize_qk(q_hnd, k_hnd, sm_scale: float, cfg: QuantConfig):
     """Steps 1-2 on [B, H, N, D] tensors. Returns (qq, qs, qg, kq, ks, kg, km)."""
     k32 = k_hnd.float()
@@ -437,18 +469,28 @@ def attention_quantized(
     block_acc = {"fp16+fp32": "fp16", "fp32+fp16": "fp16"}.get(cfg.pv_accum)
     for i0, i1 in _row_chunks(nq, nk, B * hq):
         s_int = torch.matmul(qq[..., i0:i1, :].to(f64), kq.to(f64).transpose(-1, -2))  # exact integers
-        # scaling in fp32, as the kernels do (int32 -> fp32, times fp32 scales)
-        s = (s_int.float() * q_tok[..., i0:i1].unsqueeze(-1) * k_tok.unsqueeze(-2)).to(f64)
-        del s_int
+        if cfg.kernel_exponent:  # s * (q scale * k scale), each product rounded to fp32
+            f = q_tok[..., i0:i1].unsqueeze(-1) * k_tok.unsqueeze(-2)
+            s = (s_int.float() * f).to(f64)
+        else:  # scaling in fp32, as the kernels do (int32 -> fp32, times fp32 scales)
+            s = (s_int.float() * q_tok[..., i0:i1].unsqueeze(-1) * k_tok.unsqueeze(-2)).to(f64)
+            del s_int
         if is_causal:
-            s = s.masked_fill(~causal_mask(nq, nk, s.device)[i0:i1], float("-inf"))
+            hidden = ~causal_mask(nq, nk, s.device)[i0:i1]
+            s = s.masked_fill(hidden, float("-inf"))
+            if cfg.kernel_exponent:
+                s_int = s_int.masked_fill(hidden, float("-inf"))
         mc, lc, ac = m[..., i0:i1], l[..., i0:i1], acc[..., i0:i1, :]
         for j0 in range(0, nk, cfg.block_n):
             sb = s[..., j0 : j0 + cfg.block_n]
             m_new = torch.maximum(mc, sb.amax(dim=-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp2(mc - m_safe)
-            p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
+            if cfg.kernel_exponent:
+                p = _kernel_exponent(s_int[..., j0:j0 + cfg.block_n], f[..., j0:j0 + cfg.block_n], m_safe,
+                                     cfg.p_scale).exp2() / cfg.p_scale
+            else:
+                p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
             if cfg.pv == "fp8":
                 ps = round_to(p * cfg.p_scale, "fp8")  # the e4m3 operand, P scaled into range
                 pr = ps / cfg.p_scale

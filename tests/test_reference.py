@@ -451,3 +451,56 @@ def test_row_chunking_changes_nothing(monkeypatch):
     assert torch.equal(full[0], chunked[0]) and torch.equal(full[1], chunked[1])
     ex = R.attention_exact(q, k, v, is_causal=True, return_lse=True)
     assert torch.allclose(exact[0], ex[0]) and torch.allclose(exact[1], ex[1])
+
+
+def _round_fp32(x) -> float:
+    """A rational rounded to the nearest fp32 (ties to even), exactly: the check's own rounding,
+    independent of torch's and of float64."""
+    from fractions import Fraction
+
+    x = Fraction(x)
+    if x == 0:
+        return 0.0
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^e <= a < 2^(e+2)
+    if Fraction(2) ** e > a:
+        e -= 1
+    if Fraction(2) ** (e + 1) <= a:
+        e += 1
+    step = Fraction(2) ** (e - 23)  # normal fp32 numbers only (the check's values are)
+    n, rem = divmod(a / step, 1)
+    n = int(n) + (rem > Fraction(1, 2) or (rem == Fraction(1, 2) and int(n) % 2 == 1))
+    return float((1 if x > 0 else -1) * n * step)
+
+
+def test_kernel_exponent_rounds_each_step_once():
+    """P's exponent as the sm90 kernel computes it (QuantConfig.kernel_exponent): against the same
+    fp32 steps evaluated exactly in rationals and rounded once each, on random scores, scale
+    products and row maxima; and (not a tautology) off the exact exponent by the constant term's
+    rounding, under one unit of f."""
+    from fractions import Fraction
+
+    import sageattention.reference as R
+
+    g = torch.Generator().manual_seed(11)
+    s_int = torch.randint(-(1 << 21), 1 << 21, (400,), generator=g).double()
+    f = (torch.rand(400, generator=g, dtype=torch.float64) * 1e-3 + 1e-6).float()
+    m = (torch.rand(400, generator=g, dtype=torch.float64) * 40 - 20).float().double()
+    x = R._kernel_exponent(s_int.view(-1, 1), f.view(-1, 1), m, 448.0).view(-1)  # rows of one key each
+    off = _round_fp32(Fraction(math.log2(448.0)))
+    magic = Fraction(R._MAGIC)
+    for i in range(400):
+        fi, si, mi = Fraction(float(f[i])), Fraction(float(s_int[i])), Fraction(float(m[i]))
+        mo = Fraction(_round_fp32(mi - Fraction(off)))
+        e = -Fraction(_round_fp32(magic * fi + mo))
+        want = _round_fp32((magic + si) * fi + e)
+        assert float(x[i]) == want, (i, float(x[i]), want)
+        exact = si * fi - mi + Fraction(math.log2(448.0))
+        assert abs(Fraction(float(x[i])) - exact) <= fi + Fraction(1, 1 << 18), i
+    # a hidden key stays hidden
+    assert torch.isneginf(R._kernel_exponent(torch.tensor([[float("-inf")]]), f[:1].view(1, 1), m[:1], 448.0)).all()
+
+
+def test_kernel_exponent_needs_fp8_p():
+    with pytest.raises(ValueError, match="kernel_exponent"):
+        QuantConfig(pv="fp16", kernel_exponent=True)

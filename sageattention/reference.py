@@ -393,9 +393,9 @@ def _kernel_exponent(s_int: torch.Tensor, f: torch.Tensor, m: torch.Tensor, p_sc
     """x with 2^x = P * p_scale as the sm90 kernel computes it (QuantConfig.kernel_exponent), as
     float64: ``s_int`` the int32 scores (float64), ``f`` the fp32 scale products of the same
     elements, ``m`` the row maxima (float64 holding fp32 values; 0 where a row has none yet)."""
-    off = torch.tensor(math.log2(p_scale), dtype=torch.float32)
+    off = torch.tensor(math.log2(p_scale), dtype=torch.float32, device=f.device)
     mo = (m.float() - off).unsqueeze(-1)
-    magic = torch.tensor(_MAGIC, dtype=torch.float32)
+    magic = torch.tensor(_MAGIC, dtype=torch.float32, device=f.device)
     e = -_fma32(magic.expand_as(f), f, mo.expand_as(f))
     b = (s_int + _MAGIC).float()  # exact
     x = _fma32(b, f, e).double()

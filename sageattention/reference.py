@@ -15,7 +15,9 @@ Pipeline (SageAttention 2 style):
    to symmetric INT8 with one fp32 scale per group of tokens (see :func:`int8_groups`).
 3. ``S = (Qi8 Ki8^T) * q_scale * k_scale`` (exact integer products).
 4. Online softmax over KV blocks of ``block_n`` tokens: running max ``m`` and denominator
-   ``l`` in fp32; ``P = exp2(S - m)``; ``l`` sums the unrounded ``P``.
+   ``l`` in fp32; ``P = exp2(S - m)``; ``l`` sums the unrounded ``P`` (the Hopper kernel's
+   rounded one, ``l_from_pv``, whose exponent is also modelled in its fp32 steps,
+   ``kernel_exponent``).
 5. PV: ``P`` rounded to the PV operand type (fp16, bf16, or fp8 e4m3 after scaling into
    [0, 448]); V in fp16/bf16 or fp8 e4m3 per channel; the per-block product is accumulated
    either straight into fp32 or first in a per-block fp16 accumulator that is then added to

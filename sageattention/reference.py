@@ -260,7 +260,7 @@ def quantize_v_fp8(
     amax = v.abs().amax(dim=-2).clamp_min(AMAX_EPS)  # [..., D]
     if amax_rows is not None and not smooth and v.shape[-2] > 0:
         rows = v[..., k_sample_index(v.shape[-2], amax_rows, v.device), :]
-        est = (rows.abs().amax(dim=-2) * torch.tensor(margin, dtype=torch.float32)).clamp_min(AMAX_EPS)
+        est = (rows.abs().amax(dim=-2) * torch.tensor(margin, dtype=torch.float32, device=rows.device)).clamp_min(AMAX_EPS)
         over = (v * _fdiv(scale_max, est).unsqueeze(-2)).abs().gt(scale_max).any(dim=-2)
         amax = torch.where(over, amax, est)
     y = v * _fdiv(scale_max, amax).unsqueeze(-2)
@@ -413,7 +413,7 @@ def quantize_qk(q_hnd, k_hnd, sm_scale: float, cfg: QuantConfig):
         km = rows.mean(dim=-2)  # [B, Hkv, D]
         k32 = k32 - km.unsqueeze(-2)
     # the kernels receive sm_scale * log2(e) as an fp32 scalar: round it the same way
-    q32 = q_hnd.float() * torch.tensor(sm_scale * LOG2E, dtype=torch.float32)
+    q32 = q_hnd.float() * torch.tensor(sm_scale * LOG2E, dtype=torch.float32, device=q_hnd.device)
     qg, nqg = int8_groups(q_hnd.shape[-2], "q", cfg, q_hnd.device)
     kg, nkg = int8_groups(k_hnd.shape[-2], "k", cfg, k_hnd.device)
     qq, qs = quantize_int8(q32, qg, nqg)

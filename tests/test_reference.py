@@ -504,3 +504,32 @@ def test_kernel_exponent_rounds_each_step_once():
 def test_kernel_exponent_needs_fp8_p():
     with pytest.raises(ValueError, match="kernel_exponent"):
         QuantConfig(pv="fp16", kernel_exponent=True)
+
+
+def _device_configs():
+    from sageattention import _cuda
+
+    sm89, sm80 = "sageattention._qattn_sm89", "sageattention._qattn_sm80"
+    return ([_cuda.reference_config(_cuda.SM90, "per_thread", "fp32+fp32", torch.bfloat16, True, False, t) for t in (1, 2)]
+            + [_cuda.reference_config(sm89, "per_warp", a, torch.bfloat16, True, sv)
+               for a, sv in (("fp32+fp16", False), ("fp32", True))]
+            + [_cuda.reference_config(sm80, "per_thread", a, torch.bfloat16, True) for a in ("fp16+fp32", "fp32")]
+            + [QuantConfig(smooth_k=False)])
+
+
+@pytest.mark.parametrize("cfg", _device_configs(), ids=lambda c: f"{c.pv}-{c.pv_accum}-v{c.v_terms}-{int(c.kernel_exponent)}")
+def test_reference_makes_its_tensors_on_the_inputs_device(cfg):
+    """The GPU tests run the references on CUDA tensors; a constant made without the inputs'
+    device (and not 0-dim, which torch lets a CUDA op take from the CPU) fails there (a8eb7c4:
+    474 calls). Here, with torch's default device set to "meta", any tensor made without one
+    lands on meta and mixes with the CPU inputs: the same error on a machine without a GPU."""
+    q, k, v = make_qkv(1, 2, 1, 70, 90, 40, torch.bfloat16, k_bias=1.0)
+    want = attention_quantized(q, k, v, "HND", True, None, True, cfg)
+    torch.set_default_device("meta")
+    try:
+        got = attention_quantized(q, k, v, "HND", True, None, True, cfg)
+        ex = attention_exact(q, k, v, is_causal=True, return_lse=True)
+    finally:
+        torch.set_default_device(None)
+    assert got[0].device.type == "cpu" and ex[0].device.type == "cpu"
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -63,7 +63,7 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
     split_pairs = [f"off the tile without GQA {_count(s.pairs_unaligned)}"] if s.pairs_unaligned != s.pairs else []
     if s.pairs_gqa != s.pairs:
         split_pairs.append(f"with {g} or more query heads per K/V head {_count(s.pairs_gqa)}")
-    gqa_pairs = f" (non-causal at D <= 128 {', '.join(split_pairs)})" if split_pairs else ""
+    non_causal_pairs = f" (non-causal at D <= 128 {', '.join(split_pairs)})" if split_pairs else ""
     long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
                   if s.pairs_causal_long < s.pairs_causal else "")
     return (f"  to SDPA (cuDNN first): {wide}"
@@ -75,7 +75,7 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
             f"{s.length_causal_192_gqa}, and {_count(s.pairs_192_gqa)}; causal calls there at least "
             "the causal limits below), "
             f"{s.length_padded} at 192 < D < 256 causal or not, "
-            f"or B*H*Nq*Nk below {_count(s.pairs)}{gqa_pairs}, causal {_count(s.pairs_causal)}{long_pairs} "
+            f"or B*H*Nq*Nk below {_count(s.pairs)}{non_causal_pairs}, causal {_count(s.pairs_causal)}{long_pairs} "
             f"({_count(s.pairs_causal_gqa)} with {g} or more query heads per K/V head) "
             "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits); "
             "no call at a head dim that is not a multiple of 8 (SDPA runs those on flash, slower)\n"

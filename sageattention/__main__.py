@@ -48,40 +48,48 @@ def _count(n: int) -> str:
     return f"2^{k}" if n == 1 << k else f"{n >> k}*2^{k}"
 
 
+#: The rows of the hand-over table: a label and a head dim of the class it stands for
+#: (tests/test_dispatch.py checks that every multiple of 8 has its class's limits).
+HEAD_DIM_CLASSES = (("D < 64", 32), ("D = 64", 64), ("64 < D < 128", 96), ("D = 128", 128),
+                    ("128 < D <= 192", 160), ("192 < D < 256", 224), ("D = 256", 256))
+#: The columns: a heading and call_limits' (causal, gqa, aligned) for it.
+CALL_KINDS = (("on tile", (False, False, True)), ("off tile", (False, False, False)),
+              ("GQA on tile", (False, True, True)), ("GQA off tile", (False, True, False)),
+              ("causal", (True, False, True)), ("causal GQA", (True, True, True)))
+
+
+def hand_over_table(s: "dispatch.HandOver") -> list:
+    """``[(label, cells)]``, one per :data:`HEAD_DIM_CLASSES` row, each cell ``(length, pairs)``
+    from dispatch.call_limits for a :data:`CALL_KINDS` column, or None where every call goes to
+    SDPA (head dims above ``s.head_dim_above``)."""
+    return [(label, [None if d > s.head_dim_above else dispatch.call_limits(s, d, *kind) for _, kind in CALL_KINDS])
+            for label, d in HEAD_DIM_CLASSES]
+
+
 def hand_over_text(s: "dispatch.HandOver") -> str:
     """The calls a choice with hand-over limits ``s`` (dispatch.HAND_OVER) sends to SDPA, in words:
-    two lines, the limits and the return_lse rule."""
-    wide = f"head dims above {s.head_dim_above}; " if s.head_dim_above < dispatch.MAX_HEAD_DIM else ""
-    g = dispatch.GQA_GROUP
-    aligned = (f" ({s.length_192_gqa_aligned} where Nq and Nk are multiples of {dispatch.CUDNN_TILE})"
-               if s.length_192_gqa_aligned > s.length_192_gqa else "")
-    d64 = f" ({s.length_gqa_d64} at D = 64)" if s.length_gqa_d64 != s.length_gqa else ""
-    non_causal = ("" if s.length_unaligned == s.length_gqa == s.length_gqa_d64 == s.length_gqa_aligned == s.length else
-                  f" (non-causal at D <= 128: {s.length_unaligned} where Nq or Nk is not a multiple of "
-                  f"{dispatch.CUDNN_TILE}; with {g} or more query heads per K/V head {s.length_gqa}{d64}, "
-                  f"{dispatch.on_tile(s.length_gqa, s.length_gqa_aligned, True)} where both are)")
-    split_pairs = [f"off the tile without GQA {_count(s.pairs_unaligned)}"] if s.pairs_unaligned != s.pairs else []
-    if s.pairs_gqa != s.pairs:
-        split_pairs.append(f"with {g} or more query heads per K/V head {_count(s.pairs_gqa)}")
-    non_causal_pairs = f" (non-causal at D <= 128 {', '.join(split_pairs)})" if split_pairs else ""
-    long_pairs = (f", from {s.length_causal_long} keys at D <= 128 {_count(s.pairs_causal_long)}"
-                  if s.pairs_causal_long < s.pairs_causal else "")
-    return (f"  to SDPA (cuDNN first): {wide}"
-            f"calls with L = 2 Nq Nk / (Nq + Nk) below {s.length}{non_causal}, causal {s.length_causal} "
-            f"({s.length_causal_d64} at D = 64, {s.length_causal_padded_d64} at D < 64, "
-            f"{s.length_causal_padded} at 64 < D < 128), {s.length_192} at 128 < D <= 192 (causal "
-            f"{s.length_causal_192}, and B*H*Nq*Nk below {_count(s.pairs_192)}; with "
-            f"{g} or more query heads per K/V head {s.length_192_gqa}{aligned}, causal "
-            f"{s.length_causal_192_gqa}, and {_count(s.pairs_192_gqa)}; causal calls there at least "
-            "the causal limits below), "
-            f"{s.length_padded} at 192 < D < 256 causal or not, "
-            f"or B*H*Nq*Nk below {_count(s.pairs)}{non_causal_pairs}, causal {_count(s.pairs_causal)}{long_pairs} "
-            f"({_count(s.pairs_causal_gqa)} with {g} or more query heads per K/V head) "
-            "(causal: Nk taken as at most Nq, Nq > Nk by the non-causal limits); "
-            "no call at a head dim that is not a multiple of 8 (SDPA runs those on flash, slower)\n"
-            f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
-            f"(cuDNN {dispatch._cudnn_version()}), two keys or more (o and the LSE from torch's cuDNN "
-            "attention); the others run the kernel")
+    a table of :func:`hand_over_table`, what its columns mean, then the return_lse rule."""
+    g, tile = dispatch.GQA_GROUP, dispatch.CUDNN_TILE
+    lines = ["  to SDPA (cuDNN first): calls with L = 2 Nq Nk / (Nq + Nk) below the first number of their "
+             "cell, or B*H*Nq*Nk below the second",
+             "    " + f"{'head dim':<16}" + "".join(f"{name:<15}" for name, _ in CALL_KINDS).rstrip()]
+    for label, cells in hand_over_table(s):
+        text = (f"every call (head dims above {s.head_dim_above})" if cells[0] is None else
+                "".join(f"{f'{n} {_count(p)}':<15}" for n, p in cells).rstrip())
+        lines.append(f"    {label:<16}{text}")
+    lines.append(f"    non-causal on or off the tile: Nq and Nk multiples of {tile} (cuDNN's tile) or not; "
+                 f"GQA: {g} or more query heads per K/V head")
+    lines.append("    causal calls with more keys than queries as if Nk = Nq, with fewer by the non-causal limits")
+    long = [dispatch.call_limits(s, 128, True, gqa, True, True)[1] for gqa in (False, True)]
+    short = [dispatch.call_limits(s, 128, True, gqa, True)[1] for gqa in (False, True)]
+    if long != short:
+        gqa = "" if long[1] == long[0] else f" ({_count(long[1])} with GQA)"
+        lines.append(f"    causal from {s.length_causal_long} queries at D <= 128: B*H*Nq*Nk below {_count(long[0])}{gqa}")
+    lines.append("    head dims that are not multiples of 8: never (SDPA runs those on flash, slower)")
+    lines.append(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
+                 f"(cuDNN {dispatch._cudnn_version() or 'not found'}), two keys or more (o and the LSE from torch's cuDNN "
+                 "attention); the others run the kernel")
+    return "\n".join(lines)
 
 
 def fp4_status(cap) -> str:

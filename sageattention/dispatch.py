@@ -389,26 +389,18 @@ def on_tile(length: int, length_aligned: int, aligned: bool) -> int:
     return max(length, length_aligned) if aligned else length
 
 
-def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
-               causal: bool, heads_kv: Optional[int] = None) -> bool:
-    """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
-    (``heads_kv``: K/V heads, as many as query heads when not given).
-
-    Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
-    sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
-    most rows see every key, and the non-causal limits put all 9 measured shapes on their
-    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
-    lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
+def call_limits(lim: HandOver, head_dim: int, causal: bool, gqa: bool, aligned: bool,
+                long_causal: bool = False) -> Tuple[int, int]:
+    """The ``(length, pairs)`` limits of :func:`short_call` for one kind of call: ``causal`` with
+    as many keys as queries (short_call reduces the other causal calls to that or to non-causal),
+    ``gqa`` with :data:`GQA_GROUP` or more query heads per K/V head, ``aligned`` with Nq and Nk
+    multiples of :data:`CUDNN_TILE`, ``long_causal`` causal from ``lim.length_causal_long``
+    queries. ``python -m sageattention`` prints its table from here."""
     length, pairs = lim.length, lim.pairs
-    gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
-    if causal:
-        len_k = min(len_k, len_q)
-        causal = len_q == len_k
-    aligned = len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0
     if causal:
         length = lim.length_causal_d64 if head_dim <= 64 else lim.length_causal
         pairs = lim.pairs_causal_gqa if gqa else lim.pairs_causal
-        if len_q >= lim.length_causal_long and head_dim <= 128:
+        if long_causal and head_dim <= 128:
             pairs = min(pairs, lim.pairs_causal_long)
         if head_dim < 64:  # run as 64 columns, zero-padded
             length = max(length, lim.length_causal_padded_d64)
@@ -430,6 +422,26 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
             pairs = lim.pairs_192_gqa if gqa else lim.pairs_192
     elif 192 < head_dim < MAX_HEAD_DIM:  # run as MAX_HEAD_DIM, zero-padded
         length = max(length, lim.length_padded)
+    return length, pairs
+
+
+def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
+               causal: bool, heads_kv: Optional[int] = None) -> bool:
+    """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
+    (``heads_kv``: K/V heads, as many as query heads when not given), the limits of its kind
+    being :func:`call_limits`'.
+
+    Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
+    sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
+    most rows see every key, and the non-causal limits put all 9 measured shapes on their
+    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
+    lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
+    gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
+    if causal:
+        len_k = min(len_k, len_q)
+        causal = len_q == len_k
+    aligned = len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0
+    length, pairs = call_limits(lim, head_dim, causal, gqa, aligned, causal and len_q >= lim.length_causal_long)
     # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
     return 2 * len_q * len_k < length * (len_q + len_k) or batch * heads_q * len_q * len_k < pairs
 

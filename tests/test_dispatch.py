@@ -1137,36 +1137,73 @@ def test_main_module_prints_versions(capsys):
     assert "sageattention 2.2.0" in out and torch.__version__ in out
 
 
-def test_main_module_states_the_pair_limits_as_set():
-    """`python -m sageattention` writes each pair limit as the number it is (3*2^28 printed as
-    2^29 before), and the lower causal one from length_causal_long keys only where it is lower."""
-    from sageattention.__main__ import _count, hand_over_text
+def _head_dim_class(d: int) -> int:
+    """The head dim that stands for ``d``'s class in `python -m sageattention`'s table, by the
+    kernel paths: padded to 64, 64, padded to 128, 128, run on 192 columns, padded to 256, 256."""
+    if d != 64 and d < 128:
+        return 32 if d < 64 else 96
+    if 128 < d < 256:
+        return 160 if d <= 192 else 224
+    return d
+
+
+def test_main_module_table_rows_hold_every_head_dim():
+    """Each row of the printed table stands for every head dim of its class: a limit set for one
+    head dim inside a class (say D = 96 alone) needs a row of its own, and this fails until then."""
+    from sageattention.__main__ import CALL_KINDS, HEAD_DIM_CLASSES
+
+    assert [d for _, d in HEAD_DIM_CLASSES] == sorted({_head_dim_class(d) for d in range(8, 257, 8)})
+    for row in (dispatch.GH100_SM90, dispatch.H200_SM90, dispatch.GH100_OTHERS):
+        for d in range(8, 257, 8):
+            for _, kind in CALL_KINDS:
+                for long in (False, True):
+                    assert (dispatch.call_limits(row, d, *kind, long) ==
+                            dispatch.call_limits(row, _head_dim_class(d), *kind, long)), (row, d, kind, long)
+
+
+def _printed_table(text: str) -> dict:
+    """{(row label, column heading): (length, pairs)} read back from hand_over_text's table."""
+    from sageattention.__main__ import CALL_KINDS, HEAD_DIM_CLASSES
+
+    cells = {}
+    for label, _ in HEAD_DIM_CLASSES:
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"    {label}  "))
+        words = line[4 + 16:].split()
+        if words[0] == "every":
+            continue
+        assert len(words) == 2 * len(CALL_KINDS), line
+        for i, (name, _) in enumerate(CALL_KINDS):
+            base, _, exp = words[2 * i + 1].rpartition("2^")
+            cells[label, name] = (int(words[2 * i]), int(base.rstrip("*") or 1) << int(exp))
+    return cells
+
+
+def test_main_module_prints_the_limits_of_each_kind_of_call():
+    """`python -m sageattention`'s table holds call_limits for each head dim class and kind of
+    call, each pair limit as the number it is (3*2^28 printed as 2^29 before); the lower causal
+    pair limit from length_causal_long queries only where it is lower; head dims above
+    head_dim_above as every call."""
+    from sageattention.__main__ import CALL_KINDS, HEAD_DIM_CLASSES, hand_over_text
 
     for row in (dispatch.GH100_SM90, dispatch.H200_SM90, dispatch.GH100_OTHERS):
-        for f in ("pairs", "pairs_causal", "pairs_causal_gqa", "pairs_causal_long", "pairs_192", "pairs_192_gqa"):
-            n = getattr(row, f)
-            base, _, exp = _count(n).rpartition("2^")
-            assert (int(base.rstrip("*") or 1) << int(exp)) == n, (f, n)
-    sm90, others = hand_over_text(dispatch.GH100_SM90), hand_over_text(dispatch.GH100_OTHERS)
-    assert "causal 3*2^28, from 6144 keys at D <= 128 2^29 (2^29 with 2 or more" in sm90
-    assert "causal 2^30 (2^29 with 2 or more" in others and "6144" not in others
-    assert "3584 at 64 < D < 128" in others and "3072 at 64 < D < 128" in sm90
-    # the H200's row writes the same causal limits as the H100's
-    h200 = hand_over_text(dispatch.H200_SM90)
-    assert "causal 3*2^28, from 6144 keys at D <= 128 2^29" in h200 and "3072 at 64 < D < 128" in h200
-    assert ("per K/V head 1344 (1664 where Nq and Nk are multiples of 128), causal 4096, and 3*2^26; causal calls "
-            "there at least the causal limits") in h200
-    assert "per K/V head 2080, causal 4096, and 2^28;" in sm90 and "multiples of 128" not in sm90
-    # the non-causal lengths off cuDNN's tile and with GQA, where a row has them
-    split = ("below 2048 (non-causal at D <= 128: 1792 where Nq or Nk is not a multiple of 128; with 2 or more "
-             "query heads per K/V head 1472, 1664 where both are), causal 3072")
-    assert split in sm90 and "below 2048, causal 3072" in others
-    assert ("below 2048 (non-causal at D <= 128: 1472 where Nq or Nk is not a multiple of 128; with 2 or more "
-            "query heads per K/V head 1216 (896 at D = 64), 1536 where both are), causal 3072") in h200
-    # the pair limits off the tile and with GQA, where a row has its own
-    assert ("or B*H*Nq*Nk below 2^28 (non-causal at D <= 128 off the tile without GQA 2^27, with 2 or more query heads "
-            "per K/V head 2^27),") in h200
-    assert "or B*H*Nq*Nk below 2^28, causal" in sm90 and "or B*H*Nq*Nk below 2^28, causal" in others
+        text = hand_over_text(row)
+        cells = _printed_table(text)
+        for label, d in HEAD_DIM_CLASSES:
+            for name, kind in CALL_KINDS:
+                want = None if d > row.head_dim_above else dispatch.call_limits(row, d, *kind)
+                assert cells.get((label, name)) == want, (label, name, text)
+        assert ("every call (head dims above 128)" in text) == (row.head_dim_above == 128)
+        lower = f"causal from {row.length_causal_long} queries at D <= 128: B*H*Nq*Nk below 2^29"
+        assert (lower in text) == (row.pairs_causal_long < row.pairs_causal), text
+    # what the rows set, as the table shows it: the H200's own non-causal limits at D <= 128
+    h200 = _printed_table(hand_over_text(dispatch.H200_SM90))
+    assert h200["D = 128", "off tile"] == (1472, 2 ** 27) and h200["D = 128", "GQA off tile"] == (1216, 2 ** 27)
+    assert h200["D = 64", "GQA off tile"] == (896, 2 ** 27) and h200["D = 64", "GQA on tile"] == (1536, 2 ** 27)
+    assert h200["128 < D <= 192", "GQA on tile"] == (1664, 3 * 2 ** 26)
+    h100 = _printed_table(hand_over_text(dispatch.GH100_SM90))
+    assert h100["D = 128", "off tile"] == (1792, 2 ** 28) and h100["D = 128", "causal"] == (3072, 3 * 2 ** 28)
+    others = _printed_table(hand_over_text(dispatch.GH100_OTHERS))
+    assert others["64 < D < 128", "causal"] == (3584, 2 ** 30)
 
 
 def _short_route(monkeypatch):

@@ -25,7 +25,14 @@ def run_seed(seed: int, cases: int, varlen: int, max_work: float) -> tuple:
     in a process of its own (main)."""
     import test_fuzz as tf
 
-    tf.DEVICE = "cpu"
+    device, tf.DEVICE = tf.DEVICE, "cpu"
+    try:
+        return _run_cases(tf, seed, cases, varlen, max_work)
+    finally:
+        tf.DEVICE = device
+
+
+def _run_cases(tf, seed: int, cases: int, varlen: int, max_work: float) -> tuple:
     calls, failed = 0, 0
     for i in range(cases):
         c = tf.make_case(i)

@@ -10,7 +10,8 @@ another seed explores other calls:
 
     SAGEATTN_FUZZ_SEED=7 SAGEATTN_FUZZ_CASES=400 python -m pytest tests/test_fuzz.py -n 12
 
-The calls need a GPU (marked ``gpu``); the case generator is tested on the CPU.
+The calls need a GPU (marked ``gpu``); the case generator is tested on the CPU, and so is
+bench/fuzz_interpreter.py, which runs the small cases in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -249,6 +250,21 @@ def test_cases_cover_what_the_grids_do_not_combine():
     assert any(c.scale is not None for c in cases)
     assert all(c.b * c.hq * c.nq * c.nk <= MAX_SCORES and 1 <= c.d <= 256 for c in cases)
     assert [make_case(i) for i in range(10)] == cases[:10]
+
+
+def test_interpreter_driver_runs_and_checks_a_seed():
+    """bench/fuzz_interpreter.py (the fuzz cases on a machine without a GPU) runs a seed's small
+    cases through the interpreter with these checks and says how many ran."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "bench", "fuzz_interpreter.py"), "100", "--cases", "16",
+                        "--varlen", "8", "--max-work", "2e6"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("seed 100: ")]
+    assert line and " 0 failed" in line[0], r.stdout[-2000:]
+    assert int(line[0].split()[2]) >= 4, line  # six calls of this seed are under the cap
 
 
 @pytest.mark.parametrize("view", ALL_VIEWS)

@@ -51,7 +51,9 @@ counts around it, ``causal-long`` few heads at 6144 keys and more (the lower pai
 lengths off cuDNN's tile (shapes ``unaligned`` and ``unaligned-check``, which set them, did not
 have), ``short-h200-gqa-check`` GQA calls off the tile around the length it moved that limit to,
 ``short-gqa-d64`` GQA calls at D=64 below that length, ``unaligned-pairs`` calls off the tile on few
-heads around the pair limit, ``pairs-gqa-d64-check`` the limits those two set, on other shapes. With
+heads around the pair limit, ``pairs-gqa-d64-check`` the limits those two set, on other shapes, ``fill-check`` calls off the tile
+(not GQA) on few heads at 2^26.3-2^28 pairs on which a rule by how full the kernel's rounds of
+work tiles are and the pair limit disagree, with a few on which they agree. With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -300,6 +302,19 @@ PAIRS_GQA_D64_CHECK = ([(b, h, hkv, n, n, 64, False) for b, h, hkv in ((8, 32, 1
                        + [(b, h, h, n, n, d, False) for d in (128, 64)
                           for b, h, n in ((1, 12, 3800), (1, 20, 2700), (2, 8, 2600), (1, 40, 2000), (1, 6, 5000),
                                           (1, 28, 2300), (1, 48, 1700), (1, 2, 9000), (2, 24, 1800), (1, 10, 3300))])
+# a rule by how full the kernel's rounds of 192-row work tiles are (tiles / (SMs x rounds)), fitted
+# on the H200's recorded calls of this kind (bench/HANDOVER.md, the end of "The H200's row"), set
+# against the pair limit on shapes no run had: off the tile, not GQA, 2^26.3-2^28 pairs. The first
+# eight the pair limit keeps and the rule hands over (two or more rounds, under 70 % full), the
+# next ten the pair limit hands over and the rule keeps (80 % full or more, from 2112 keys), the
+# last four both route alike (73 % full kept; 2 x 27 kept; 1 x 22 x 2100 and the one-round
+# 1 x 2 x 7550 handed over).
+FILL_CHECK = [(b, h, h, n, n, d, False) for d in (128, 64)
+              for b, h, n in ((1, 5, 5750), (1, 4, 6950), (1, 10, 5050), (3, 2, 5250), (2, 9, 2800), (2, 2, 8000),
+                              (1, 6, 5600), (1, 3, 9150),
+                              (1, 27, 2150), (2, 11, 2150), (3, 6, 2400), (1, 17, 2800), (3, 7, 2150), (1, 16, 2850),
+                              (2, 10, 2300), (1, 19, 2350), (2, 2, 5350), (1, 5, 4750),
+                              (1, 6, 6100), (2, 27, 2050), (1, 22, 2100), (1, 2, 7550))]
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -351,6 +366,7 @@ SETS = {
     "short-gqa-d64": SHORT_GQA_D64,
     "unaligned-pairs": UNALIGNED_PAIRS,
     "pairs-gqa-d64-check": PAIRS_GQA_D64_CHECK,
+    "fill-check": FILL_CHECK,
 }
 
 

@@ -53,7 +53,9 @@ have), ``short-h200-gqa-check`` GQA calls off the tile around the length it move
 ``short-gqa-d64`` GQA calls at D=64 below that length, ``unaligned-pairs`` calls off the tile on few
 heads around the pair limit, ``pairs-gqa-d64-check`` the limits those two set, on other shapes, ``fill-check`` calls off the tile
 (not GQA) on few heads at 2^26.3-2^28 pairs on which a rule by how full the kernel's rounds of
-work tiles are and the pair limit disagree, with a few on which they agree. With
+work tiles are and the pair limit disagree, with a few on which they agree, ``grid-check`` other
+such calls, where the round fill model fitted after it (dispatch.grid_slower) and the pair limit
+before it (2^27) disagree. With
 ``--lse`` every call returns the LSE: the kernel and sageattn with return_lse=True, cuDNN as
 sageattn's hand-over calls it (_sdpa.sdpa_lse: torch's cuDNN attention operator with its
 log-sum-exp), flash as torch's flash operator (not for causal Nq != Nk, which it aligns
@@ -315,6 +317,18 @@ FILL_CHECK = [(b, h, h, n, n, d, False) for d in (128, 64)
                               (1, 27, 2150), (2, 11, 2150), (3, 6, 2400), (1, 17, 2800), (3, 7, 2150), (1, 16, 2850),
                               (2, 10, 2300), (1, 19, 2350), (2, 2, 5350), (1, 5, 4750),
                               (1, 6, 6100), (2, 27, 2050), (1, 22, 2100), (1, 2, 7550))]
+# the round fill model (dispatch.grid_slower: the kernel's time over cuDNN's 0.90 below 4096 keys and
+# 0.77 from them at equal fill, times cuDNN's round fill of 128-row tiles over the kernel's of
+# 192-row ones), fitted on the H200's runs with fill-check among them, checked on shapes none had:
+# the first eight the pair limit before it (2^27) keeps and the model hands over, the next eight
+# the pair limit hands over and the model keeps, the last six both route alike (1 x 6 x 4500,
+# 1 x 1 x 10850 and 1 x 8 x 4050 to SDPA; 1 x 4 x 6100, 1 x 3 x 8400 and 1 x 22 x 3100 kept).
+GRID_CHECK = [(b, h, h, n, n, d, False) for d in (128, 64)
+              for b, h, n in ((1, 5, 6200), (2, 13, 2900), (2, 10, 3650), (1, 29, 2250), (3, 5, 3750), (1, 4, 7750),
+                              (3, 7, 2650), (4, 1, 6550),
+                              (3, 4, 3250), (1, 20, 2400), (4, 9, 1850), (2, 8, 2850), (1, 28, 2000), (1, 15, 2550),
+                              (1, 14, 2850), (1, 10, 3500),
+                              (1, 6, 4500), (1, 1, 10850), (1, 8, 4050), (1, 4, 6100), (1, 3, 8400), (1, 22, 3100))]
 # GQA with 2 and 3 query heads per K/V head (``gqa`` measured 4 to 8): below dispatch.GQA_GROUP
 GQA_SMALL = [(b, h, hkv, n, n, d, c) for d, groups in ((128, ((4, 32, 16), (2, 24, 8), (1, 48, 24))),
                                                        (64, ((4, 32, 16),)))
@@ -367,6 +381,7 @@ SETS = {
     "unaligned-pairs": UNALIGNED_PAIRS,
     "pairs-gqa-d64-check": PAIRS_GQA_D64_CHECK,
     "fill-check": FILL_CHECK,
+    "grid-check": GRID_CHECK,
 }
 
 

@@ -85,6 +85,10 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
     if long != short:
         gqa = "" if long[1] == long[0] else f" ({_count(long[1])} with GQA)"
         lines.append(f"    causal from {s.length_causal_long} queries at D <= 128: B*H*Nq*Nk below {_count(long[0])}{gqa}")
+    if s.grid_base:
+        lines.append(f"    off the tile, not GQA, D <= 128, from {_count(s.pairs_unaligned)} up to {_count(s.pairs)}: "
+                     f"also where the rounds of work tiles on {s.sms} SMs predict the kernel slower "
+                     "(dispatch.grid_slower)")
     lines.append("    head dims that are not multiples of 8: never (SDPA runs those on flash, slower)")
     lines.append(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
                  f"(cuDNN {dispatch._cudnn_version() or 'not found'}), two keys or more (o and the LSE from torch's cuDNN "

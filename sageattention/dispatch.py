@@ -94,6 +94,10 @@ class HandOver(NamedTuple):
     :data:`CUDNN_TILE` take at least ``length_192_gqa_aligned`` (cuDNN runs those lengths
     best, so the kernel passes it later there); causal calls there take the larger of those and
     the causal limits.
+    Non-causal calls off the tile at head dims up to 128, not GQA, from ``pairs_unaligned`` up to
+    ``pairs`` go by how full each side's rounds of work tiles are where ``grid_base`` is set
+    (:func:`grid_slower`; 0: by the pair limit alone): at so few pairs the kernel's 192-row tiles
+    and cuDNN's 128-row ones leave different shares of ``sms`` idle in their last round.
     Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
     padded, slower than the kernel at every measured size (:func:`goes_to_sdpa`).
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -125,6 +129,10 @@ class HandOver(NamedTuple):
     pairs_causal_gqa: int
     length_causal_long: int
     pairs_causal_long: int
+    grid_base: int
+    grid_base_long: int
+    grid_long: int
+    sms: int
     lse_head_dim: int
 
 
@@ -156,7 +164,8 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       length_192_gqa_aligned=2080,
                       pairs=1 << 28, pairs_unaligned=1 << 28, pairs_gqa=1 << 28, pairs_causal=3 << 28,
                       pairs_causal_gqa=1 << 29,
-                      length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=256)
+                      length_causal_long=6144, pairs_causal_long=1 << 29,
+                      grid_base=0, grid_base_long=0, grid_long=0, sms=132, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
@@ -172,10 +181,13 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_
 #: memory makes the quantization cheaper: at head dims up to 128 set on the ``unaligned`` and
 #: ``unaligned-check`` sets at b55e7ac and 6329c6b, GQA off the tile moved to 1216 on
 #: ``short-h200-check`` (b4ae6b0), at D=64 to 896 and off the tile on few heads a pair limit of
-#: 2^27 on ``short-gqa-d64`` and ``unaligned-pairs`` (a974ba0); at 129-192 on the wide GQA sets;
-#: bench/HANDOVER.md, "The H200's row"). The GH200 keeps the H100's row: not measured.
+#: 2^27 on ``short-gqa-d64`` and ``unaligned-pairs`` (a974ba0), since 11 x 2^23 with the round
+#: fill model (grid_slower) above it, fitted on its runs and ``fill-check`` (56400b3) and checked on
+#: ``grid-check``; at 129-192 on the wide GQA sets; bench/HANDOVER.md, "The H200's row"). The
+#: GH200 keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1216, length_gqa_d64=896, length_gqa_aligned=1536,
-                                pairs_unaligned=1 << 27, pairs_gqa=1 << 27,
+                                pairs_unaligned=11 << 23, pairs_gqa=1 << 27,
+                                grid_base=900, grid_base_long=770, grid_long=4096,
                                 length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
@@ -274,10 +286,11 @@ def _gpu_name(device) -> str:
 
 
 def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_name: str = "this GPU",
-           cudnn_version: Optional[int] = None) -> Tuple[Choice, Optional[str]]:
+           cudnn_version: Optional[int] = None, sm_count: Optional[int] = None) -> Tuple[Choice, Optional[str]]:
     """Pure policy: the choice for ``capability`` given the backends ``available``, with the
     hand-over limits for a GPU named ``gpu_name`` (:func:`hand_over_for`), their LSE head dims
-    no wider than cuDNN ``cudnn_version`` runs (:func:`cudnn_lse_head_dim`).
+    no wider than cuDNN ``cudnn_version`` runs (:func:`cudnn_lse_head_dim`), their ``sms`` the
+    GPU's ``sm_count`` where given.
 
     Returns ``(choice, skipped)`` where ``skipped`` names the preferred backend that was
     missing (for the fallback warning) or is None. Raises UnsupportedGPUError below sm80.
@@ -298,7 +311,8 @@ def select(capability: Optional[Tuple[int, int]], available: Sequence[str], gpu_
             skipped = prefs[0].backend if choice is not prefs[0] else None
             limits = hand_over_for(capability, gpu_name, choice.backend)
             if limits is not None:
-                limits = limits._replace(lse_head_dim=min(limits.lse_head_dim, cudnn_lse_head_dim(cudnn_version)))
+                limits = limits._replace(lse_head_dim=min(limits.lse_head_dim, cudnn_lse_head_dim(cudnn_version)),
+                                         sms=sm_count or limits.sms)
             return replace(choice, hand_over=limits), skipped
     missing = ", ".join(c.backend for c in prefs)
     raise RuntimeError(
@@ -336,6 +350,14 @@ def _cudnn_version() -> Optional[int]:
         return None
 
 
+def _sm_count(device) -> Optional[int]:
+    """The GPU's streaming multiprocessors (None where torch cannot say)."""
+    try:
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:
+        return None
+
+
 _warned: set = set()
 _cache: Dict[tuple, Choice] = {}  # keys (capability, GPU name) and ("device", type, index)
 
@@ -360,7 +382,8 @@ def choose(device: torch.device) -> Choice:
         _cache[dkey] = cached
         return cached
     avail = [n for n in BACKENDS if backend_status(n, cap)[0]]
-    choice, skipped = select(cap, avail, name, _cudnn_version() if cap is not None else None)
+    choice, skipped = select(cap, avail, name, _cudnn_version() if cap is not None else None,
+                             _sm_count(device) if cap is not None else None)
     if skipped is not None and (cap, skipped) not in _warned:
         _warned.add((cap, skipped))
         warnings.warn(
@@ -425,6 +448,31 @@ def call_limits(lim: HandOver, head_dim: int, causal: bool, gqa: bool, aligned: 
     return length, pairs
 
 
+#: Keys from which the Hopper kernel runs D=128 (and 65-127) on three consumer warpgroups, 192
+#: query rows per work tile, not 128 (SAGE_SM90_NC3_KEYS in csrc/kernels/attn_sm90.cuh, non-causal,
+#: V in one term; D <= 64 always runs 192).
+SM90_NC3_KEYS = 1536
+
+
+def round_fill(tiles: int, slots: int) -> float:
+    """How full the rounds are that ``tiles`` equal work tiles take on ``slots`` at a time."""
+    return tiles / (slots * -(-tiles // slots))
+
+
+def grid_slower(lim: HandOver, heads: int, len_q: int, len_k: int, head_dim: int) -> bool:
+    """Whether the kernel is expected slower than cuDNN on a non-causal call of ``heads`` (B·Hq)
+    query heads by the round fill model: its time over cuDNN's is ``base`` (``lim.grid_base``, from
+    ``lim.grid_long`` keys ``lim.grid_base_long``, per mille: the ratio at equal fill) times cuDNN's
+    round fill over its own, the kernel's persistent CTAs taking one work tile of 192 query rows
+    (128 at head dims 65-128 below :data:`SM90_NC3_KEYS` keys) per SM per round and cuDNN one
+    128-row tile (bench/HANDOVER.md, "Rounds of work tiles")."""
+    rows = 192 if head_dim <= 64 or len_k >= SM90_NC3_KEYS else 128
+    ours = round_fill(heads * -(-len_q // rows), lim.sms)
+    cudnn = round_fill(heads * -(-len_q // CUDNN_TILE), lim.sms)
+    base = lim.grid_base_long if len_k >= lim.grid_long else lim.grid_base
+    return base * cudnn >= 1000 * ours
+
+
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
                causal: bool, heads_kv: Optional[int] = None) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
@@ -437,13 +485,18 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
     lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
     gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
+    grid = lim.grid_base and not causal and not gqa and head_dim <= 128
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
     aligned = len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0
     length, pairs = call_limits(lim, head_dim, causal, gqa, aligned, causal and len_q >= lim.length_causal_long)
     # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
-    return 2 * len_q * len_k < length * (len_q + len_k) or batch * heads_q * len_q * len_k < pairs
+    n = batch * heads_q * len_q * len_k
+    if 2 * len_q * len_k < length * (len_q + len_k) or n < pairs:
+        return True
+    # off the tile between the two pair limits: by the rounds of work tiles (H200)
+    return bool(grid and not aligned and n < lim.pairs and grid_slower(lim, batch * heads_q, len_q, len_k, head_dim))
 
 
 #: The head dims torch's cuDNN attention runs on sm90 (torch's check_cudnn_tensor_shapes):

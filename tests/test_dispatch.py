@@ -110,14 +110,18 @@ def test_h200_row_differs_from_the_h100_only_where_it_was_measured_to():
     the Hopper kernel both hand over the same."""
     diff = {f for f in dispatch.HandOver._fields if getattr(dispatch.H200_SM90, f) != getattr(dispatch.GH100_SM90, f)}
     assert diff == {"length_unaligned", "length_gqa", "length_gqa_d64", "length_gqa_aligned", "pairs_unaligned",
-                    "pairs_gqa", "length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa"}
+                    "pairs_gqa", "length_192_gqa", "length_192_gqa_aligned", "pairs_192_gqa",
+                    "grid_base", "grid_base_long", "grid_long"}
     h200, h100 = dispatch.H200_SM90, dispatch.GH100_SM90
     assert (h200.length_192_gqa, h200.length_192_gqa_aligned, h200.pairs_192_gqa) == (1344, 1664, 3 << 26)
     assert (h200.length_unaligned, h200.length_gqa, h200.length_gqa_aligned, h200.pairs_gqa) == (1472, 1216, 1536, 1 << 27)
     assert (h100.length_unaligned, h100.length_gqa, h100.length_gqa_aligned, h100.pairs_gqa) == (1792, 1472, 1664, 1 << 28)
     # GQA at D=64 and calls off the tile on few heads: the H200's own (short-gqa-d64,
     # unaligned-pairs); the H100 was not measured there and takes its D=128 length and its pairs
-    assert (h200.length_gqa_d64, h200.pairs_unaligned, h100.length_gqa_d64, h100.pairs_unaligned) == (896, 1 << 27, 1472, 1 << 28)
+    assert (h200.length_gqa_d64, h200.pairs_unaligned, h100.length_gqa_d64, h100.pairs_unaligned) == (896, 11 << 23, 1472, 1 << 28)
+    # and between the H200's two pair limits off the tile the round fill model (grid_slower); the
+    # H100 has none (its two limits are one)
+    assert (h200.grid_base, h200.grid_base_long, h200.grid_long, h100.grid_base) == (900, 770, 4096, 0)
     # (call, the H100 hands it over, the H200 does) at head dims up to 128, non-causal
     for call, on_h100, on_h200 in (((4, 32, 1600, 1600, 128, False, 32), True, False),  # off the tile
                                    ((4, 32, 1408, 1408, 128, False, 32), True, True),
@@ -189,7 +193,8 @@ LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_unaligned=204
                            length_192_gqa=3072, length_causal_192_gqa=4096, pairs_192_gqa=1 << 28,
                            length_192_gqa_aligned=0,
                            pairs=1 << 28, pairs_unaligned=1 << 28, pairs_gqa=1 << 28, pairs_causal=1 << 30,
-                           pairs_causal_gqa=1 << 29, length_causal_long=6144, pairs_causal_long=1 << 29, lse_head_dim=128)
+                           pairs_causal_gqa=1 << 29, length_causal_long=6144, pairs_causal_long=1 << 29,
+                           grid_base=0, grid_base_long=0, grid_long=0, sms=132, lse_head_dim=128)
 UNALIGNED = LIMITS._replace(length_unaligned=1792, length_gqa=1472, length_gqa_d64=1472, length_gqa_aligned=1664)
 # GQA at head dim 64 and the pair limit off the tile set apart (the H200's row)
 APART = UNALIGNED._replace(length_gqa_d64=896, pairs_unaligned=1 << 27)
@@ -1195,9 +1200,12 @@ def test_main_module_prints_the_limits_of_each_kind_of_call():
         assert ("every call (head dims above 128)" in text) == (row.head_dim_above == 128)
         lower = f"causal from {row.length_causal_long} queries at D <= 128: B*H*Nq*Nk below 2^29"
         assert (lower in text) == (row.pairs_causal_long < row.pairs_causal), text
+        assert ("rounds of work tiles" in text) == bool(row.grid_base), text
     # what the rows set, as the table shows it: the H200's own non-causal limits at D <= 128
     h200 = _printed_table(hand_over_text(dispatch.H200_SM90))
-    assert h200["D = 128", "off tile"] == (1472, 2 ** 27) and h200["D = 128", "GQA off tile"] == (1216, 2 ** 27)
+    assert h200["D = 128", "off tile"] == (1472, 11 * 2 ** 23) and h200["D = 128", "GQA off tile"] == (1216, 2 ** 27)
+    assert ("off the tile, not GQA, D <= 128, from 11*2^23 up to 2^28: also where the rounds of work tiles on "
+            "132 SMs predict the kernel slower") in hand_over_text(dispatch.H200_SM90)
     assert h200["D = 64", "GQA off tile"] == (896, 2 ** 27) and h200["D = 64", "GQA on tile"] == (1536, 2 ** 27)
     assert h200["128 < D <= 192", "GQA on tile"] == (1664, 3 * 2 ** 26)
     h100 = _printed_table(hand_over_text(dispatch.GH100_SM90))

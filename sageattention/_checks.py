@@ -6,8 +6,10 @@ Type mistakes raise TypeError, bad values ValueError, device problems RuntimeErr
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, NamedTuple, Optional, Sequence
 
@@ -260,11 +262,53 @@ def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.devi
     return lens
 
 
+#: Triton's CPU interpreter before this release turns a kernel's one-element scalars into Python
+#: ints with int(array), which numpy refuses from NUMPY_STRICT on: a TypeError inside every kernel
+#: with a loop bound computed at run time (triton-lang/triton#9171; seen with Triton 3.6.0 and
+#: numpy 2.4.6 and 2.5.2, not with Triton 3.7.0-3.9.0, whose interpreter squeezes the array first).
+INTERPRETER_FIXED = (3, 7)
+NUMPY_STRICT = (2, 4)
+
+
+def _release(version: str) -> Optional[tuple]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def interpreter_problem(triton_version: str, numpy_version: str) -> Optional[str]:
+    """Why Triton ``triton_version``'s CPU interpreter cannot run sageattention's kernels beside
+    numpy ``numpy_version`` (None: it can, as far as is known)."""
+    t, n = _release(triton_version), _release(numpy_version)
+    if t is None or n is None or t >= INTERPRETER_FIXED or n < NUMPY_STRICT:
+        return None
+    return (f"Triton {triton_version}'s CPU interpreter cannot run beside numpy {numpy_version}: it converts "
+            f"one-element arrays to Python ints, which numpy refuses from {NUMPY_STRICT[0]}.{NUMPY_STRICT[1]} on "
+            f"(triton-lang/triton#9171, fixed in Triton {INTERPRETER_FIXED[0]}.{INTERPRETER_FIXED[1]}); "
+            f"install 'numpy<{NUMPY_STRICT[0]}.{NUMPY_STRICT[1]}' or Triton "
+            f"{INTERPRETER_FIXED[0]}.{INTERPRETER_FIXED[1]} or newer")
+
+
+@functools.lru_cache(maxsize=None)
+def installed_interpreter_problem() -> Optional[str]:
+    """:func:`interpreter_problem` for the Triton and numpy installed here (None where either is
+    missing: the backend checks say so)."""
+    try:
+        import numpy
+        import triton
+    except Exception:
+        return None
+    return interpreter_problem(triton.__version__, numpy.__version__)
+
+
 def check_device(fn: str, t: torch.Tensor, interpreter_ok: bool) -> None:
-    """CUDA tensors only (CPU tensors are accepted under Triton's interpreter, for tests)."""
+    """CUDA tensors only (CPU tensors are accepted under Triton's interpreter, for tests, where
+    that interpreter can run: :func:`installed_interpreter_problem`)."""
     if t.device.type == "cuda":
         return
     if t.device.type == "cpu" and interpreter_ok:
+        problem = installed_interpreter_problem()
+        if problem:
+            raise RuntimeError(f"{fn}: {problem}")
         return
     raise RuntimeError(
         f"{fn}: q is on {t.device}; sageattention runs on NVIDIA GPUs (compute capability 8.0+). "

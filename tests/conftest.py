@@ -30,6 +30,14 @@ def _blackwell_skip_reason():
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason without one)")
     config.addinivalue_line("markers", "blackwell: needs a Blackwell GPU (skipped with a reason without one)")
+    if not HAS_CUDA:  # the kernel tests run in Triton's interpreter: say at once if it cannot run here
+        try:
+            from sageattention._checks import installed_interpreter_problem
+        except Exception:  # the tests that import the package say why
+            return
+        problem = installed_interpreter_problem()
+        if problem:
+            raise pytest.UsageError(f"without a GPU the kernel tests run in Triton's CPU interpreter: {problem}")
 
 
 def _what_runs():

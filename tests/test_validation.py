@@ -207,6 +207,35 @@ def test_cpu_tensors_refused_without_interpreter(monkeypatch):
         sa.sageattn(q, k, v)
 
 
+@pytest.mark.parametrize("triton_v, numpy_v, broken", [
+    ("3.6.0", "2.4.6", True), ("3.6.0", "2.5.2", True), ("3.5.1", "2.4.0", True),  # 3.6.0 + 2.4.6: seen here
+    ("3.6.0", "2.3.5", False), ("3.7.0", "2.4.6", False), ("3.9.0", "2.4.6", False),  # ... and passing
+    ("3.10.0", "3.0.0", False), ("unknown", "2.4.6", False),
+])
+def test_interpreter_problem_names_the_versions_and_the_way_out(triton_v, numpy_v, broken):
+    """Triton's CPU interpreter before 3.7 converts one-element arrays with int(), which numpy
+    refuses from 2.4 (triton-lang/triton#9171): with such a pair installed a CPU call says so, with
+    both versions and what to install, instead of a TypeError from inside the kernel."""
+    from sageattention import _checks as C
+
+    problem = C.interpreter_problem(triton_v, numpy_v)
+    assert bool(problem) == broken
+    if broken:
+        assert f"Triton {triton_v}" in problem and f"numpy {numpy_v}" in problem
+        assert "numpy<2.4" in problem and "Triton 3.7 or newer" in problem
+
+
+def test_cpu_call_refused_where_the_interpreter_cannot_run(monkeypatch):
+    """A CPU call under the interpreter checks the installed pair first (here: a broken one)."""
+    from sageattention import _checks as C
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(C, "installed_interpreter_problem", lambda: C.interpreter_problem("3.6.0", "2.4.6"))
+    q, k, v = (torch.randn(1, 1, 4, 8, dtype=torch.float16) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"sageattn: Triton 3.6.0's CPU interpreter cannot run beside numpy 2.4.6"):
+        sa.sageattn(q, k, v)
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_varlen_offsets_may_be_on_the_cpu_for_gpu_tensors(dtype):
     """For q on a GPU, offsets on the CPU are accepted (read without a device sync) and checked

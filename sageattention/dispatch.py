@@ -482,10 +482,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     Causal calls (top-left) with more keys than queries count as square calls of ``Nq``:
     sageattn drops the keys they never see (core._visible_keys). With fewer keys than queries
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
-    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md)."""
+    faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md); so
+    does the round fill model (:func:`grid_slower`) where it applies, not measured for them."""
     lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
     gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
-    grid = lim.grid_base and not causal and not gqa and head_dim <= 128
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
@@ -495,8 +495,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     n = batch * heads_q * len_q * len_k
     if 2 * len_q * len_k < length * (len_q + len_k) or n < pairs:
         return True
-    # off the tile between the two pair limits: by the rounds of work tiles (H200)
-    return bool(grid and not aligned and n < lim.pairs and grid_slower(lim, batch * heads_q, len_q, len_k, head_dim))
+    # non-causal calls off the tile, not GQA, at head dims up to 128, from their pair limit
+    # (pairs_unaligned) up to lim.pairs: by the rounds of work tiles where grid_base is set (H200)
+    off_tile = not causal and not gqa and not aligned and head_dim <= 128
+    return bool(lim.grid_base and off_tile and n < lim.pairs and grid_slower(lim, batch * heads_q, len_q, len_k, head_dim))
 
 
 #: The head dims torch's cuDNN attention runs on sm90 (torch's check_cudnn_tensor_shapes):

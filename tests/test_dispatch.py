@@ -936,6 +936,18 @@ def test_round_fill_model_on_measured_calls(call, slower):
         assert dispatch.grid_slower(dispatch.H200_SM90, b * h, n, n, d) == slower
 
 
+@pytest.mark.parametrize("b, h, nq, nk, to_sdpa", [(1, 2, 7550, 7500, True), (2, 2, 5350, 5300, False)])
+def test_causal_calls_with_fewer_keys_take_the_round_fill_model_as_non_causal_ones(b, h, nq, nk, to_sdpa):
+    """Causal calls with fewer keys than queries go by the non-causal limits (short_call), the
+    round fill model included: the same route as the non-causal call, in the model's band
+    (11 x 2^23 to 2^28 pairs off the tile on the H200), both ways."""
+    assert 11 << 23 <= b * h * nq * nk < 1 << 28
+    for d in (64, 128):
+        dims = _dims(b, h, nq, nk, d)
+        assert dispatch.goes_to_sdpa(dispatch.H200_SM90, dims, True, False) == to_sdpa
+        assert dispatch.goes_to_sdpa(dispatch.H200_SM90, dims, False, False) == to_sdpa
+
+
 def test_round_fill_counts_the_rounds_each_side_takes():
     """round_fill: tiles over the slots of the rounds they take; the kernel's tiles are 192 rows
     at D <= 64 and from SM90_NC3_KEYS keys at D=128 (128 below), which is the kernel's own switch

@@ -26,6 +26,9 @@ FP8_MAX = 448.0
 # the fp8 families' quant_qkv smooths K by the mean of this many evenly spaced keys
 # (kKSampleRows in quant_qkv.cu; reference.k_sample_index)
 K_SAMPLE_ROWS = 128
+# ... summed (that sample, and all of V when smoothing V) in this many token chains, in a fixed
+# order that the reference repeats (kStatChains in quant_qkv.cu; reference.chain_mean)
+K_STAT_CHAINS = 64
 # ... and, unless V is smoothed, scale V's fp8 channels by the largest |v| of the same keys
 # times this (kVAmaxMargin in quant_qkv.cu; channels that overflow it get the exact scale)
 V_AMAX_MARGIN = 8.0
@@ -248,7 +251,7 @@ def reference_config(module: str, qk_quant_gran: str, pv_accum_dtype: str, dtype
         qk_gran=qk_quant_gran, blk_q=BLOCK_Q, warp_q=WARP_Q, blk_k=BLOCK_K, warp_k=BLOCK_K,
         block_n=kv_block(module),
         pv=pv, pv_accum=pv_accum_dtype, smooth_k=smooth_k, smooth_v=smooth_v,
-        k_mean_rows=K_SAMPLE_ROWS if fp8 else None,
+        k_mean_rows=K_SAMPLE_ROWS if fp8 else None, mean_chains=K_STAT_CHAINS if fp8 else None,
         v_amax_rows=K_SAMPLE_ROWS if fp8 else None, v_amax_margin=V_AMAX_MARGIN,
         v_scale_max=V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX,
         l_from_pv=module == SM90,

@@ -8,8 +8,9 @@ against exact float64 attention.
 Pipeline (SageAttention 2 style):
 
 1. K smoothing: ``k - km`` per (batch, kv-head, channel), ``km`` the mean over all tokens or
-   (``k_mean_rows``) over an evenly spaced sample of them. Exact for the output whatever
-   ``km`` is, because ``q . km`` is constant along a softmax row; only the LSE needs
+   (``k_mean_rows``) over an evenly spaced sample of them, summed in torch's order or
+   (``mean_chains``) in the fp8 kernels' fixed one (:func:`chain_mean`). Exact for the output
+   whatever ``km`` is, because ``q . km`` is constant along a softmax row; only the LSE needs
    ``sm_scale * q . km`` added back.
 2. Q is multiplied by ``sm_scale * log2(e)`` (softmax in base 2), then Q and K are quantized
    to symmetric INT8 with one fp32 scale per group of tokens (see :func:`int8_groups`).
@@ -70,6 +71,10 @@ class QuantConfig:
     # K smoothed by the mean of k_mean_rows evenly spaced keys (k_sample_index), not of all
     # of them, when not None (the fp8 kernels' quant_qkv)
     k_mean_rows: Optional[int] = None
+    # the K mean (and the V mean when smoothing fp8 V) summed as the fp8 kernels' quant_qkv
+    # sums it, in this many token chains (chain_mean), when not None: the same bits as the
+    # kernel on any device; None: torch's mean, whose order differs between devices
+    mean_chains: Optional[int] = None
     smooth_v: bool = False
     v_scale_max: float = FP8_E4M3_MAX
     # fp8 V without smoothing: each channel's scale from the largest |v| of v_amax_rows evenly
@@ -111,6 +116,8 @@ class QuantConfig:
             raise ValueError("mma_bits models the FP8 tensor-core product-sum; it needs pv='fp8'")
         if self.k_mean_rows is not None and self.k_mean_rows < 1:
             raise ValueError(f"k_mean_rows must be None or >= 1, got {self.k_mean_rows}")
+        if self.mean_chains is not None and (self.mean_chains < 8 or self.mean_chains & (self.mean_chains - 1)):
+            raise ValueError(f"mean_chains must be None or a power of two >= 8, got {self.mean_chains}")
         if self.v_amax_rows is not None and self.v_amax_rows < 1:
             raise ValueError(f"v_amax_rows must be None or >= 1, got {self.v_amax_rows}")
         if self.kernel_exponent and self.pv != "fp8":
@@ -188,6 +195,40 @@ def int8_groups(n: int, role: str, cfg: QuantConfig, device=None) -> Tuple[torch
     return (t // chunk) * per_chunk + sub, -(-n // chunk) * per_chunk
 
 
+def chain_mean(x: torch.Tensor, chains: Optional[int] = None) -> torch.Tensor:
+    """Mean over dim -2 of ``x [..., S, D]`` in fp32, ``chains=None``: torch's (whose summation
+    order is the device's); otherwise summed in the fixed order of the fp8 kernels' statistics
+    (quant_qkv.cu, common.cuh's reduce_token_chains and warps_in_order), one fp32 rounding per
+    step, so that it is the kernel's bits on any device:
+
+    - ``chains`` token chains; chain ``r`` adds rows ``r, r + chains, r + 2 chains, ...`` in
+      this order to a sum that starts at zero (one chain per group of threads);
+    - the chains of each run of 8 (one warp's) added as a tree of neighbours: ``2i + (2i + 1)``,
+      then pairs of those, then the two halves;
+    - those totals added from zero, first run upwards; the sum divided by ``S`` (correctly
+      rounded). ``S = 0`` gives zeros.
+
+    (A chain padded with zero rows sums to the same bits: its sum is never -0.)
+    """
+    x = x.float()
+    if chains is None:
+        return x.mean(dim=-2)
+    n = x.shape[-2]
+    if n == 0:
+        return x.new_zeros(x.shape[:-2] + x.shape[-1:])
+    rows = torch.nn.functional.pad(x, (0, 0, 0, -n % chains)).unflatten(-2, (-1, chains))  # [..., U, chains, D]
+    acc = torch.zeros_like(rows[..., 0, :, :])
+    for u in range(rows.shape[-3]):
+        acc = acc + rows[..., u, :, :]
+    tree = acc.unflatten(-2, (chains // 8, 8))  # [..., warps, 8, D]
+    while tree.shape[-2] > 1:
+        tree = tree[..., 0::2, :] + tree[..., 1::2, :]
+    total = torch.zeros_like(tree[..., 0, 0, :])
+    for w in range(tree.shape[-3]):
+        total = total + tree[..., w, 0, :]
+    return total / torch.full_like(total, float(n))
+
+
 def round_half_away(x: torch.Tensor) -> torch.Tensor:
     """Round to nearest, ties away from zero (what the kernels do before the int cast)."""
     return torch.sign(x) * torch.floor(x.abs() + 0.5)
@@ -236,6 +277,7 @@ def quantize_v_fp8(
     amax_rows: Optional[int] = None,
     margin: float = 8.0,
     terms: int = 1,
+    mean_chains: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Per-channel FP8 e4m3 of ``v [..., N, D]``.
 
@@ -250,12 +292,12 @@ def quantize_v_fp8(
     ``amax_rows`` keys of :func:`k_sample_index` times ``margin`` instead, so that the
     quantization need not read every key first; a channel where some ``|v|`` times the inverse
     scale (fp32) would exceed ``scale_max`` falls back to the exact ``amax``. No value is
-    ever clipped.
+    ever clipped. ``mean_chains``: the V mean's summation order when smoothing (:func:`chain_mean`).
     """
     v = v.float()
     vm = None
     if smooth:
-        vm = v.mean(dim=-2)
+        vm = chain_mean(v, mean_chains)
         v = v - vm.unsqueeze(-2)
     amax = v.abs().amax(dim=-2).clamp_min(AMAX_EPS)  # [..., D]
     if amax_rows is not None and not smooth and v.shape[-2] > 0:
@@ -410,7 +452,7 @@ def quantize_qk(q_hnd, k_hnd, sm_scale: float, cfg: QuantConfig):
     km = None
     if cfg.smooth_k:
         rows = k32 if cfg.k_mean_rows is None else k32[..., k_sample_index(k32.shape[-2], cfg.k_mean_rows, k32.device), :]
-        km = rows.mean(dim=-2)  # [B, Hkv, D]
+        km = chain_mean(rows, cfg.mean_chains)  # [B, Hkv, D]
         k32 = k32 - km.unsqueeze(-2)
     # the kernels receive sm_scale * log2(e) as an fp32 scalar: round it the same way
     q32 = q_hnd.float() * torch.tensor(sm_scale * LOG2E, dtype=torch.float32, device=q_hnd.device)
@@ -451,7 +493,7 @@ def attention_quantized(
     vm = v_scale = None
     if cfg.pv == "fp8":
         vop, v_scale, vm = quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v, cfg.v_amax_rows, cfg.v_amax_margin,
-                                          cfg.v_terms)
+                                          cfg.v_terms, cfg.mean_chains)
     else:
         v32 = vh.float()
         if cfg.smooth_v:

@@ -138,6 +138,11 @@ def test_python_constants_match_the_kernels():
         return int(m.group(1))
 
     assert const("quant_qkv.cu", "kKSampleRows") == _cuda.K_SAMPLE_ROWS
+    # kStatChains = kStatThreads / (kStatChannels / 8): the token chains of the statistics
+    threads, channels = const("quant_qkv.cu", "kStatThreads"), const("quant_qkv.cu", "kStatChannels")
+    assert re.search(r"constexpr int kStatChains = kStatThreads / \(kStatChannels / 8\);",
+                     open(os.path.join(ca.ROOT, ca.KERNELS, "quant_qkv.cu")).read())
+    assert threads // (channels // 8) == _cuda.K_STAT_CHAINS
     assert const("quant_qkv.cu", "kVAmaxMargin", "float", r"(\d+)\.f") == _cuda.V_AMAX_MARGIN
     assert const("launch.h", "kSm90BlockK") == _cuda.SM90_BLOCK_K
     assert const("launch.h", "kAttnWarpQ") == _cuda.WARP_Q

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import sageattention as sa
 from helpers import FP8_BACKENDS, capture, cu_seqlens, cuda_defaults, hostile_qkv, visible_kv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, dispatch
-from sageattention.reference import AMAX_EPS, attention_exact, attention_quantized, k_sample_index
+from sageattention.reference import AMAX_EPS, attention_exact, attention_quantized, chain_mean, k_sample_index
 
 pytestmark = pytest.mark.gpu
 
@@ -578,8 +578,8 @@ QKV_INPUTS = [("HND", torch.bfloat16), ("NHD", torch.bfloat16), ("HND", torch.fl
 
 def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, vmax=_cuda.FP8_MAX, v_full=False):
     """quant_qkv's outputs and the separate ops' on the same inputs: the old sequence of
-    _cuda.forward fed with quant_qkv's own K mean, and the K mean torch computes (over the
-    same sample of keys)."""
+    _cuda.forward fed with quant_qkv's own K mean; the K mean torch computes (over the same
+    sample of keys) and K quantized with it; the reference's K and V means (chain_mean)."""
     _, ext = _need(backend)
     op = _cuda.ops(ext)
     qh, kh, vh = (t.transpose(1, 2) if layout == "NHD" else t for t in (q, k, v))
@@ -596,8 +596,9 @@ def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, 
     sample = kh[:, :, k_sample_index(kh.shape[2], _cuda.K_SAMPLE_ROWS, kh.device)]
     km_torch = sample.mean(dim=2, dtype=torch.float32) if smooth_k else None
     k8_torch, ks_torch, _ = op.quant_int8(kh, km_torch, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
+    means = chain_mean(sample, _cuda.K_STAT_CHAINS), chain_mean(vh, _cuda.K_STAT_CHAINS)
     v_given = _v_fp8_given_mean(vh, new[8] if smooth_v else None, vmax, nk_pad, dp, sampled=not smooth_v)
-    return new, (q8, qs, qdot, k8, ks, km_torch, v8, vs, vm), (k8_torch, ks_torch), v_given
+    return new, (q8, qs, qdot, k8, ks, km_torch, v8, vs, vm), (k8_torch, ks_torch) + means, v_given
 
 
 # the MMA's token order within each 16-token group of the e4m3 V layout (quant_fp8.cu)
@@ -647,11 +648,16 @@ def _check_quant_qkv(new, old, k_torch, rowdot, v_given, smooth_v):
     if smooth_v:
         assert torch.equal(nv8.view(torch.uint8), v8.view(torch.uint8))
         assert torch.equal(nvs, vs) and torch.equal(nvm, vm)
+        # the V mean: the reference's fixed-order sum (reference.chain_mean) to the bit
+        assert torch.equal(nvm[..., : k_torch[3].shape[-1]], k_torch[3])
     else:
         assert nvm.numel() == 0
-    # K: bit for bit given the same K mean; the K mean itself is torch's up to the last bits
+    # K: bit for bit given the same K mean; the K mean itself is the reference's to the bit
+    # (the sample summed in the kernel's order, reference.chain_mean) and torch's up to the
+    # last bits
     assert torch.equal(nk8, k8) and torch.equal(nks, ks)
     if km_torch is not None:
+        assert torch.equal(nkm, k_torch[2])
         torch.testing.assert_close(nkm, km_torch, rtol=1e-5, atol=1e-6)
         diff = (nk8.int() - k_torch[0].int()).abs()
         assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3

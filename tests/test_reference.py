@@ -15,6 +15,7 @@ from sageattention.reference import (
     QuantConfig,
     attention_exact,
     attention_quantized,
+    chain_mean,
     error_metrics,
     int8_groups,
     k_sample_index,
@@ -274,6 +275,62 @@ def test_sampled_k_mean_changes_only_the_quantization(causal):
     # with at most 128 keys the sample is every key: the full mean's result to the bit
     q2, k2, v2 = q[:, :, :100], k[:, :, :100], v[:, :, :100]
     assert torch.equal(attention_quantized(q2, k2, v2, cfg=full), attention_quantized(q2, k2, v2, cfg=sampled))
+
+
+def _chain_mean_one(col, chains):
+    """chain_mean's order restated on one column of numpy fp32 scalars: token t goes to chain
+    t % chains in token order, each run of 8 chains is added pairwise, the runs in order."""
+    import numpy as np
+
+    f = np.float32
+    sums = [f(0)] * chains
+    for t, x in enumerate(col):
+        sums[t % chains] = f(sums[t % chains] + f(x))
+    total = f(0)
+    for w in range(0, chains, 8):
+        run = sums[w:w + 8]
+        while len(run) > 1:
+            run = [f(run[i] + run[i + 1]) for i in range(0, len(run), 2)]
+        total = f(total + run[0])
+    return f(total / f(len(col)))
+
+
+@pytest.mark.parametrize("chains", [8, 64])
+@pytest.mark.parametrize("n", [1, 5, 64, 83, 128, 200, 777])
+def test_chain_mean_sums_in_the_kernels_order(n, chains):
+    """The fp8 kernels' statistics order (quant_qkv.cu): each element of chain_mean equals the
+    scalar restatement to the bit, on fp16 values with a per-channel bias."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(n * 100 + chains)
+    x = (torch.randn(2, 3, n, 5, generator=g) + 4 * torch.randn(1, 3, 1, 5, generator=g)).to(torch.float16)
+    got = chain_mean(x, chains)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 5)
+    cols = x.float().transpose(-1, -2).reshape(-1, n).numpy()
+    want = np.array([_chain_mean_one(c, chains) for c in cols], dtype=np.float32).reshape(2, 3, 5)
+    assert np.array_equal(got.numpy(), want)
+
+
+def test_chain_mean_order_shows_in_the_bits():
+    """The order matters on these inputs: a plain running sum from the first key gives other
+    bits (so the test above constrains the order), and chains=None is torch's mean."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(1, 4, 777, 16, generator=g) + 4 * torch.randn(1, 4, 1, 16, generator=g)).to(torch.float16)
+    got = chain_mean(x, 64).numpy()
+    cols = x.float().transpose(-1, -2).reshape(-1, 777).numpy()
+    running = np.array([np.cumsum(c, dtype=np.float32)[-1] / np.float32(777) for c in cols], dtype=np.float32)
+    assert not np.array_equal(got.reshape(-1), running)
+    assert np.allclose(got.reshape(-1), running, rtol=1e-5)
+    assert torch.equal(chain_mean(x, None), x.float().mean(dim=-2))
+    assert torch.equal(chain_mean(x[:, :, :0], 64), torch.zeros(1, 4, 16))
+
+
+@pytest.mark.parametrize("chains", [0, 4, 12, 48])
+def test_mean_chains_refused_unless_a_power_of_two_from_eight(chains):
+    with pytest.raises(ValueError, match=f"mean_chains must be None or a power of two >= 8, got {chains}"):
+        QuantConfig(mean_chains=chains)
 
 
 def test_k_mean_rows_refused_below_one():

@@ -33,7 +33,7 @@ def main() -> None:
     import torch
 
     import test_fuzz as tf
-    from helpers import reference_config, runs, visible_kv
+    from helpers import V_MMA_ORDER, reference_config, runs, visible_kv
     from sageattention import _cuda, reference
     from sageattention._ops import ops
     from sageattention.dispatch import BACKENDS
@@ -75,11 +75,9 @@ def main() -> None:
     rv, rvs, _ = reference.quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v, cfg.v_amax_rows, cfg.v_amax_margin,
                                           cfg.v_terms)
     kq, qq = k8[..., :nk, :d].float(), q8[..., :nq, :d].float()
-    # V is stored [channel][token] with each 16-token group in the MMA's order (quant_fp8.cu's
-    # permuted_pos): token t at column pos(t)
-    t = torch.arange(nk)
-    pos = (t & ~15) + 4 * ((t & 7) >> 1) + 2 * ((t >> 3) & 1) + (t & 1)
-    kv = v8[..., : cfg.v_terms * d, :][..., pos].transpose(-1, -2).float()
+    # V is stored [channel][token], each 16-token group in the MMA's order: back to token order
+    groups = v8[..., : cfg.v_terms * d, :].unflatten(-1, (-1, 16))
+    kv = groups[..., V_MMA_ORDER.argsort()].flatten(-2)[..., :nk].transpose(-1, -2).float()
     print(f"\nK mean: max |kernel - reference| {(km - rkm).abs().max().item():.3g} "
           f"(|mean| up to {rkm.abs().max().item():.3g})")
     for what, a, b in (("Q codes", qq, rqq), ("K codes", kq, rkq), ("V e4m3", kv, rv)):

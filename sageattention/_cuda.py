@@ -141,7 +141,7 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
     v_scale = v_mean = None
     if _fp8(module):
         # K mean and V scale (of a sample of K_SAMPLE_ROWS keys), Q, K and V quantization in one
-        # op; its K mean is its own fixed-order sum, equal to torch's up to the last bits
+        # op; its K mean is its own fixed-order sum (reference.chain_mean), torch's up to the last bits
         vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
         q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
             qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,

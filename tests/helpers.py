@@ -16,6 +16,10 @@ from sageattention.reference import error_metrics
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+# the MMA's token order within each 16-token group of the fp8 families' e4m3 V layout
+# [channel][token] (quant_fp8.cu's permuted_pos): column j of a group holds token V_MMA_ORDER[j]
+V_MMA_ORDER = torch.tensor([0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15])
+
 
 def bench_script(stem: str, name: str):
     """bench/<stem>.py loaded as the module ``name`` (bench/ is a folder of scripts, not a package)."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import sageattention as sa
-from helpers import FP8_BACKENDS, capture, cu_seqlens, cuda_defaults, hostile_qkv, visible_kv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
+from helpers import FP8_BACKENDS, V_MMA_ORDER, capture, cu_seqlens, cuda_defaults, hostile_qkv, visible_kv, assert_close_to_fp32, assert_close_to_reference, assert_lse_close_to_reference, make_qkv, sdpa_fp32
 from sageattention import _cuda, dispatch
 from sageattention.reference import AMAX_EPS, attention_exact, attention_quantized, chain_mean, k_sample_index
 
@@ -601,10 +601,6 @@ def _quant_qkv_both(backend, q, k, v, layout, gran, smooth_k, smooth_v, rowdot, 
     return new, (q8, qs, qdot, k8, ks, km_torch, v8, vs, vm), (k8_torch, ks_torch) + means, v_given
 
 
-# the MMA's token order within each 16-token group of the e4m3 V layout (quant_fp8.cu)
-_V_PERM = torch.tensor([0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15])
-
-
 def _v_fp8_given_mean(vh, v_mean, vmax, nk_pad, dp, sampled=False):
     """quant_v_fp8's codes and scales recomputed in torch from V and a given V mean (null: no
     smoothing), in the op's layout [B, H, dp, nk_pad]: fp32 subtract, divide and multiply as
@@ -629,7 +625,7 @@ def _v_fp8_given_mean(vh, v_mean, vmax, nk_pad, dp, sampled=False):
     codes = (x * (vmax_t / amax)[:, :, None, :]).to(torch.float8_e4m3fn).view(torch.uint8)
     out = torch.zeros(b, h, dp, nk_pad, dtype=torch.uint8, device=vh.device)
     out[:, :, :d, :n] = codes.transpose(2, 3)
-    out = out.view(b, h, dp, nk_pad // 16, 16)[..., _V_PERM.to(vh.device)].reshape(b, h, dp, nk_pad)
+    out = out.view(b, h, dp, nk_pad // 16, 16)[..., V_MMA_ORDER.to(vh.device)].reshape(b, h, dp, nk_pad)
     amax = F.pad(amax, (0, dp - d), value=AMAX_EPS)  # channels past d: the clamp's scale
     return out, amax / torch.full_like(amax, vmax)
 

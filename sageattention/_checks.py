@@ -300,15 +300,24 @@ def installed_interpreter_problem() -> Optional[str]:
     return interpreter_problem(triton.__version__, numpy.__version__)
 
 
+def check_interpreter(fn: str, t: torch.Tensor) -> None:
+    """Before a Triton kernel runs on CPU tensors, i.e. in Triton's interpreter: an installed
+    Triton and numpy that cannot run it (:func:`installed_interpreter_problem`) are named, instead
+    of a TypeError from inside the kernel. Calls that never start a kernel (empty ones, those that
+    go to SDPA or to a stand-in in the tests) are not refused for it."""
+    if t.device.type != "cpu":
+        return
+    problem = installed_interpreter_problem()
+    if problem:
+        raise RuntimeError(f"{fn}: {problem}")
+
+
 def check_device(fn: str, t: torch.Tensor, interpreter_ok: bool) -> None:
-    """CUDA tensors only (CPU tensors are accepted under Triton's interpreter, for tests, where
-    that interpreter can run: :func:`installed_interpreter_problem`)."""
+    """CUDA tensors only (CPU tensors are accepted under Triton's interpreter, for tests; whether
+    that interpreter can run here is asked only where a call would start it: :func:`check_interpreter`)."""
     if t.device.type == "cuda":
         return
     if t.device.type == "cpu" and interpreter_ok:
-        problem = installed_interpreter_problem()
-        if problem:
-            raise RuntimeError(f"{fn}: {problem}")
         return
     raise RuntimeError(
         f"{fn}: q is on {t.device}; sageattention runs on NVIDIA GPUs (compute capability 8.0+). "

@@ -86,6 +86,7 @@ def _run_triton(fn, q, k, v, tensor_layout, dims, is_causal, scale, smooth_k, re
     if dims.batch > MAX_GRID_YZ:
         return _by_batch(lambda qc, kc, vc, dc: _run_triton(fn, qc, kc, vc, tensor_layout, dc, is_causal, scale,
                                                             smooth_k, return_lse), q, k, v, dims, return_lse)
+    C.check_interpreter(fn, q)
     o, lse = _triton_attn(q, k, v, tensor_layout == "NHD", is_causal, float(scale), smooth_k, return_lse)
     return (o, lse) if return_lse else o
 
@@ -499,6 +500,7 @@ def _varlen_run(fn, q, k, v, dims, lens_q, lens_k, is_causal, scale, smooth_k, r
     if dims.len_q > 0:
         from . import triton as st
 
+        C.check_interpreter(fn, q)
         k, v, lens_k = _seen_rows(k, v, lens_q, lens_k, is_causal)
 
         with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullctx():

@@ -1608,10 +1608,13 @@ def test_varlen_goes_to_the_hopper_kernel_by_backend(monkeypatch):
     """sageattn_varlen with an sm90 choice (faked onto CPU tensors) calls _cuda.forward_varlen
     with the host lengths, the groups, sageattn's quantization granularity
     and the call's arguments, and returns its result; with another choice, the Triton path."""
-    from sageattention import _cuda
+    from sageattention import _checks, _cuda
     from sageattention import triton as st
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # both kernels are stand-ins: whether the installed Triton's interpreter could run is not
+    # asked of this test (it is of test_validation.py's), so the check in front of Triton passes
+    monkeypatch.setattr(_checks, "installed_interpreter_problem", lambda: None)
     sm90 = ("cuda_sm90", tuple(sorted(dispatch._SM90.options.items())), tuple(LIMITS))
     monkeypatch.setattr(dispatch, "chosen", lambda device: sm90)
     calls = []

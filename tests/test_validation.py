@@ -225,15 +225,42 @@ def test_interpreter_problem_names_the_versions_and_the_way_out(triton_v, numpy_
         assert "numpy<2.4" in problem and "Triton 3.7 or newer" in problem
 
 
-def test_cpu_call_refused_where_the_interpreter_cannot_run(monkeypatch):
-    """A CPU call under the interpreter checks the installed pair first (here: a broken one)."""
+def _broken_interpreter(monkeypatch):
     from sageattention import _checks as C
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(C, "installed_interpreter_problem", lambda: C.interpreter_problem("3.6.0", "2.4.6"))
-    q, k, v = (torch.randn(1, 1, 4, 8, dtype=torch.float16) for _ in range(3))
-    with pytest.raises(RuntimeError, match=r"sageattn: Triton 3.6.0's CPU interpreter cannot run beside numpy 2.4.6"):
-        sa.sageattn(q, k, v)
+
+
+@pytest.mark.parametrize("entry", ["sageattn", "sageattn_qk_int8_pv_fp16_triton", "sageattn_varlen"])
+def test_cpu_call_refused_where_the_interpreter_cannot_run(monkeypatch, entry):
+    """A CPU call that would start a Triton kernel in the interpreter checks the installed pair
+    first (here: a broken one) and names the function, instead of a TypeError from the kernel."""
+    _broken_interpreter(monkeypatch)
+    if entry == "sageattn_varlen":
+        q, k, v = (torch.randn(12, 1, 8, dtype=torch.float16) for _ in range(3))
+        cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+        call = lambda: sa.sageattn_varlen(q, k, v, cu, cu, 7, 7)  # noqa: E731
+    else:
+        q, k, v = (torch.randn(1, 1, 4, 8, dtype=torch.float16) for _ in range(3))
+        call = lambda: getattr(sa, entry)(q, k, v)  # noqa: E731
+    with pytest.raises(RuntimeError, match=entry + r": Triton 3.6.0's CPU interpreter cannot run beside numpy 2.4.6"):
+        call()
+
+
+def test_cpu_calls_that_start_no_kernel_are_not_refused_for_the_interpreter(monkeypatch):
+    """The pair is asked only where a kernel would start: an empty CPU call returns its empty
+    output, and a CUDA kernel function given CPU tensors names q's device (the interpreter would
+    never run it), with the same broken pair installed."""
+    _broken_interpreter(monkeypatch)
+    q, k, v = (torch.randn(0, 1, 4, 8, dtype=torch.float16) for _ in range(3))
+    o, lse = sa.sageattn(q, k, v, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (0, 1, 4)
+    fn, _ = _CUDA_FUNCTIONS["fp8_cuda_sm90"]
+    monkeypatch.setattr(core, "require", lambda function, module: None)
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.float16) for _ in range(3))
+    with pytest.raises(RuntimeError, match=fn.__name__ + r": q is on cpu; .*NVIDIA GPU only"):
+        fn(q, k, v)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

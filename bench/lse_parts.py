@@ -1,13 +1,14 @@
-"""Where a CUDA kernel's LSE parts from the reference's on one fuzz case: the quantization or
-the attention.
+"""Where a CUDA kernel's LSE or output parts from the reference's on one fuzz case: the
+quantization or the attention.
 
 Rebuilds fuzz case ``--case`` of seed ``--seed`` (tests/test_fuzz.py), runs the kernel function,
 then reads the quantization op's own outputs (INT8 Q and K codes and scales, the K mean, the
 e4m3 V and its scales) for the same inputs and compares each with the reference's
 (sageattention.reference.quantize_qk / quantize_v_fp8). Last it runs the reference's attention
-on the kernel's quantized operands: if that LSE equals the kernel's on every row, the two
-parted in the quantization; if not, in the attention. Prints a per-row table of the rows past
-the test's 1e-3 bar. For the Hopper kernel (cuda_sm90) of an fp8 family only.
+on the kernel's quantized operands: if that LSE (output) equals the kernel's on every row, the
+two parted in the quantization; if not, in the attention. Prints a per-row table of the LSE rows
+past the test's 1e-3 bar, and the output's metrics per (batch, head) against both references.
+For the Hopper kernel (cuda_sm90) of an fp8 family only.
 
     PYTHONPATH=$PWD python bench/lse_parts.py --seed 88 --case 279
 """
@@ -75,8 +76,10 @@ def main() -> None:
     rv, rvs, _ = reference.quantize_v_fp8(vh, cfg.v_scale_max, cfg.smooth_v, cfg.v_amax_rows, cfg.v_amax_margin,
                                           cfg.v_terms)
     kq, qq = k8[..., :nk, :d].float(), q8[..., :nq, :d].float()
-    # V is stored [channel][token], each 16-token group in the MMA's order: back to token order
-    groups = v8[..., : cfg.v_terms * d, :].unflatten(-1, (-1, 16))
+    # V is stored [channel][token], each 16-token group in the MMA's order: back to token order;
+    # with two terms the lo rows start dp rows after the hi ones (the reference's are d apart)
+    v8 = torch.cat([v8[..., t * dp : t * dp + d, :] for t in range(cfg.v_terms)], dim=-2)
+    groups = v8.unflatten(-1, (-1, 16))
     kv = groups[..., V_MMA_ORDER.argsort()].flatten(-2)[..., :nk].transpose(-1, -2).float()
     print(f"\nK mean: max |kernel - reference| {(km - rkm).abs().max().item():.3g} "
           f"(|mean| up to {rkm.abs().max().item():.3g})")
@@ -103,14 +106,14 @@ def main() -> None:
     def kernel_v(*a, **kw):
         return kv, vs[..., :d], None
 
-    _, rl = attention_quantized(q, kr, vr, case.layout, case.causal, case.scale, True, cfg)
+    ro, rl = attention_quantized(q, kr, vr, case.layout, case.causal, case.scale, True, cfg)
     saved = reference.quantize_qk, reference.quantize_v_fp8
     reference.quantize_qk, reference.quantize_v_fp8 = kernel_qk, kernel_v
     try:
-        _, kl = attention_quantized(q, kr, vr, case.layout, case.causal, case.scale, True, cfg)
+        ko, kl = attention_quantized(q, kr, vr, case.layout, case.causal, case.scale, True, cfg)
     finally:
         reference.quantize_qk, reference.quantize_v_fp8 = saved
-    _, el = reference.attention_exact(q, kr, vr, case.layout, case.causal, case.scale, True)
+    eo, el = reference.attention_exact(q, kr, vr, case.layout, case.causal, case.scale, True)
     d_ref, d_kop = (lse - rl).abs(), (lse - kl).abs()
     print(f"\nLSE rows past 1e-3: kernel vs reference {int((d_ref > 1e-3).sum())} (reference on the GPU: "
           f"{int(((lse - rl_gpu).abs() > 1e-3).sum())}; GPU and CPU references equal: {torch.equal(rl, rl_gpu)}), "
@@ -123,6 +126,23 @@ def main() -> None:
     for b, h, r in ((d_ref > 1e-3) | (d_kop > 1e-3)).nonzero().tolist():
         print(f"| {b} | {h} | {r} | {(lse - rl)[b, h, r].item():+.5f} | {(lse - kl)[b, h, r].item():+.5f} | "
               f"{(rl.double() - el)[b, h, r].item():+.5f} |")
+
+    # the output, per (batch, head): the kernel's against the reference and the reference on the
+    # kernel's operands, and each against exact attention
+    oh, roh, koh, eoh = (reference.to_hnd(t, case.layout).double() for t in (o, ro, ko, eo))
+
+    def metrics(a, b):  # cos, rel-L1 over the trailing (rows, channels) of one (batch, head)
+        a, b = a.flatten(-2), b.flatten(-2)
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+        return cos, (a - b).abs().sum(-1) / b.abs().sum(-1).clamp_min(1e-30)
+
+    print("\n| b | head | kernel vs ref: cos / rel-L1 | kernel vs ref(kernel operands) | ref vs exact | kernel vs exact |")
+    print("|---|---|---|---|---|---|")
+    pairs = [metrics(oh, roh), metrics(oh, koh), metrics(roh, eoh), metrics(oh, eoh)]
+    for b in range(oh.shape[0]):
+        for h in range(oh.shape[1]):
+            cells = " | ".join(f"{c[b, h].item():.6f} / {l1[b, h].item():.4f}" for c, l1 in pairs)
+            print(f"| {b} | {h} | {cells} |")
 
 
 if __name__ == "__main__":

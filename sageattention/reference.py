@@ -251,7 +251,7 @@ def quantize_int8(
     amax = amax.clamp_min(AMAX_EPS)
     inv = (torch.full_like(amax, 127.0) / amax)[..., groups]  # [..., N], IEEE fp32 division
     xq = round_half_away(x * inv.unsqueeze(-1)).clamp_(-127, 127)
-    return xq, amax / 127.0
+    return xq, _div(amax, 127.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -311,13 +311,21 @@ def quantize_v_fp8(
         vq = torch.cat([vq, round_to(y - vq, "fp8")], dim=-1)
     elif terms != 1:
         raise ValueError(f"terms must be 1 or 2, got {terms}")
-    return vq, amax / scale_max, vm
+    return vq, _div(amax, scale_max), vm
 
 
 def _fdiv(num: float, den: torch.Tensor) -> torch.Tensor:
     """``num / den`` per element, correctly rounded as the kernels' ``__fdiv_rn`` (torch's
     ``float / tensor`` is a reciprocal and a multiply, which can differ in the last bit)."""
     return torch.full_like(den, num) / den
+
+
+def _div(num: torch.Tensor, den: float) -> torch.Tensor:
+    """``num / den`` per element, correctly rounded on every device: on CUDA torch computes
+    ``tensor / float`` as a multiply by the float's reciprocal (one bit off now and then; on
+    the CPU it divides), which put the oracle's INT8 scales, and through them P, off the
+    kernels' when the tests ran it on the GPU (fuzz seed 95, case 261)."""
+    return num / torch.full_like(num, den)
 
 
 def mma_truncated(a: torch.Tensor, b: torch.Tensor, bits: int, k: int = 32) -> torch.Tensor:
@@ -531,13 +539,13 @@ def attention_quantized(
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp2(mc - m_safe)
             if cfg.kernel_exponent:
-                p = _kernel_exponent(s_int[..., j0:j0 + cfg.block_n], f[..., j0:j0 + cfg.block_n], m_safe,
-                                     cfg.p_scale).exp2() / cfg.p_scale
+                p = _div(_kernel_exponent(s_int[..., j0:j0 + cfg.block_n], f[..., j0:j0 + cfg.block_n], m_safe,
+                                          cfg.p_scale).exp2(), cfg.p_scale)
             else:
                 p = torch.exp2(sb - m_safe.unsqueeze(-1))  # in [0, 1]
             if cfg.pv == "fp8":
                 ps = round_to(p * cfg.p_scale, "fp8")  # the e4m3 operand, P scaled into range
-                pr = ps / cfg.p_scale
+                pr = _div(ps, cfg.p_scale)
             else:
                 pr = round_to(p, cfg.pv)
             vb = vop[..., j0 : j0 + cfg.block_n, :].to(f64)
@@ -561,13 +569,13 @@ def attention_quantized(
                     lo = torch.nn.functional.pad(torch.cat([vb[..., d:], torch.zeros_like(ones)], dim=-1), (0, 0, 0, pad))
                     a_op, b_op = torch.cat([psp, psp], dim=-1), torch.cat([hi, lo], dim=-2)
                 both = mma_truncated(a_op, b_op, cfg.mma_bits, cfg.mma_k)
-                blk, lpv = both[..., :-1] / cfg.p_scale, both[..., -1] / cfg.p_scale
+                blk, lpv = _div(both[..., :-1], cfg.p_scale), _div(both[..., -1], cfg.p_scale)
                 lb = lpv if cfg.l_from_pv else p.sum(dim=-1)
             lc = lc * alpha + lb
             if block_acc is not None:
                 # per-block accumulator of limited range: the kernel sums p_scaled * v there
                 scaled = blk * (cfg.p_scale if cfg.pv == "fp8" else 1.0)
-                blk = round_to(scaled, block_acc) / (cfg.p_scale if cfg.pv == "fp8" else 1.0)
+                blk = _div(round_to(scaled, block_acc), cfg.p_scale if cfg.pv == "fp8" else 1.0)
             ac = ac * alpha.unsqueeze(-1) + blk
             mc = m_new
         m[..., i0:i1], l[..., i0:i1], acc[..., i0:i1, :] = mc, lc, ac

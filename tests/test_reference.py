@@ -1,8 +1,8 @@
 """The pure-torch reference of the quantized pipeline, checked against exact float64 attention.
 
 On the CPU: the reference is the oracle of every kernel test, so it is tested on its own. The
-kernel tests run it on the GPU: one test checks on the CPU that it avoids the one torch operation
-known to round otherwise on CUDA (a division by a Python number), and one (marked ``gpu``) that it
+kernel tests run it on the GPU: one test checks on the CPU that it avoids the torch operation
+found to round otherwise on CUDA (a division by a Python number), and one (marked ``gpu``) that it
 computes the same bits there.
 """
 

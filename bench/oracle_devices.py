@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--case", type=int, required=True)
-    ap.add_argument("--name", default="cuda_sm90", help="the function whose options the case draws")
+    ap.add_argument("--name", default="cuda_sm90", help="the public function (test_fuzz.py's name) whose call it is")
     ap.add_argument("--show", type=int, default=8, help="differing calls to print")
     args = ap.parse_args()
     os.environ["SAGEATTN_FUZZ_SEED"] = str(args.seed)
@@ -37,18 +37,21 @@ def main() -> None:
     import torch
 
     import test_fuzz as tf
-    from helpers import reference_config, visible_kv
+    from helpers import reference_config, runs, visible_kv
     from sageattention import reference as ref
 
     case = tf.make_case(args.case)
     opts = tf.function_options(args.name, case)
     print(f"case {case}\noptions {opts}")
-    q, k, v, _ = tf.make_inputs(case, "cpu", k_bias=opts.get("smooth_k", True))
+    q, k, v, _ = tf.make_inputs(case, "cuda", k_bias=opts.get("smooth_k", True))
+    # the backend and options the function runs with on this GPU, and their reference, as test_fuzz.py
+    backend, run_opts = runs(args.name, q, k, case.layout, case.causal, case.lse, opts)
+    cfg = reference_config(backend, run_opts, q, k, case.layout, case.causal)
+    if cfg is None:
+        raise SystemExit(f"{args.name} hands this call to {backend}: no quantized pipeline to compare")
+    print(f"{backend} {run_opts}\nconfig {cfg}")
+    q, k, v = (t.cpu() for t in (q, k, v))
     kr, vr = visible_kv(q, k, v, case.layout, case.causal)
-    # the backend the function runs on an sm90 GPU is its own family; sageattn's choice is not modelled
-    backend = "cuda_sm90" if args.name == "sageattn" else args.name
-    cfg = reference_config(backend, dict(opts), q, k, case.layout, case.causal)
-    print(f"config {cfg}")
 
     calls = []
 

@@ -226,7 +226,7 @@ def chain_mean(x: torch.Tensor, chains: Optional[int] = None) -> torch.Tensor:
     total = torch.zeros_like(tree[..., 0, 0, :])
     for w in range(tree.shape[-3]):
         total = total + tree[..., w, 0, :]
-    return total / torch.full_like(total, float(n))
+    return _div(total, float(n))
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,9 @@ def _blackwell_skip_reason():
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason without one)")
     config.addinivalue_line("markers", "blackwell: needs a Blackwell GPU (skipped with a reason without one)")
+    # checked here as well as where the tests are split: under xdist the split runs in the workers,
+    # where a usage error is reported as a worker crash (an INTERNALERROR) instead of its message
+    _shard_spec(config)
     if not HAS_CUDA:  # the kernel tests run in Triton's interpreter: say at once if it cannot run here
         try:
             from sageattention._checks import installed_interpreter_problem
@@ -75,16 +78,25 @@ def pytest_addoption(parser):
                           "a suite longer than one device call runs in N calls; the parts together are the suite")
 
 
-def _shard(config, items):
+def _shard_spec(config):
+    """``--shard``'s (I, N), or None without it; a bad spec is a usage error."""
     spec = config.getoption("--shard")
     if spec is None:
-        return
+        return None
     try:
         i, n = (int(x) for x in spec.split("/"))
     except ValueError:
         i, n = -1, 0
     if not 0 <= i < n:
         raise pytest.UsageError(f"--shard must be I/N with 0 <= I < N, got {spec!r}")
+    return i, n
+
+
+def _shard(config, items):
+    spec = _shard_spec(config)
+    if spec is None:
+        return
+    i, n = spec
     keep, drop = [], []
     for j, item in enumerate(items):
         (keep if j % n == i else drop).append(item)

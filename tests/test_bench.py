@@ -404,6 +404,26 @@ def test_shards_split_the_suite_into_disjoint_parts_that_cover_it():
             conftest._shard(Config(bad), list(names))
 
 
+def test_a_bad_shard_is_a_usage_error_before_any_worker_starts():
+    """Under xdist a ``--shard`` past the last part was reported as a worker crash (INTERNALERROR,
+    "no tests ran", exit status 3); it is checked in pytest_configure, so the run stops with the
+    option's message and pytest's usage-error status (4), with or without workers (.ci/run installs
+    pytest-xdist, so CI takes the path through workers, which failed before)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    workers = ["-n", "2"] if importlib.util.find_spec("xdist") else []
+    # (not --collect-only: xdist collects in the controller then, where the old check worked too)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "--shard", "4/4",
+           "-k", "shards_split", os.path.join(here, "test_bench.py")]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(here), timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 4, out[-2000:]
+    assert "--shard must be I/N with 0 <= I < N, got '4/4'" in out and "INTERNALERROR" not in out, out[-2000:]
+
+
 route_check = bench_script("route_check", "route_check")
 
 

@@ -249,7 +249,7 @@ def quantize_int8(
     amax = torch.zeros(shape, dtype=torch.float32, device=x.device)
     amax = amax.scatter_reduce(-1, groups.expand_as(row_amax), row_amax, reduce="amax")
     amax = amax.clamp_min(AMAX_EPS)
-    inv = (torch.full_like(amax, 127.0) / amax)[..., groups]  # [..., N], IEEE fp32 division
+    inv = _fdiv(127.0, amax)[..., groups]  # [..., N]
     xq = round_half_away(x * inv.unsqueeze(-1)).clamp_(-127, 127)
     return xq, _div(amax, 127.0)
 

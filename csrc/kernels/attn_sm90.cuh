@@ -489,9 +489,14 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
       };
 
       // K scales of the two 64-key halves of a tile, loaded one tile ahead so that the load's
-      // latency is not on the path from S to the softmax
-      float kn0 = ksp[0], kn1 = ksp[k_groups];
-      const float* ksn = ksp + 2 * k_groups;  // the scales of the next key tile
+      // latency is not on the path from S to the softmax; but in D=128's three-consumer kernel
+      // loaded in the turn, under the tile's own QK^T: there the two values held across the
+      // loop made ptxas spill (15 local-memory instructions per key tile, none without them),
+      // and the late load measured 3-4 % faster, where at D=64 it cost 21 % and at 1k 3 %
+      // (the QK^T too short to hide the load; bench/NOTES.md, "K scales in the turn")
+      constexpr bool kLateKs = NC == 3 && DA == 128;
+      float kn0 = kLateKs ? 0.f : ksp[0], kn1 = kLateKs ? 0.f : ksp[k_groups];
+      const float* ksn = kLateKs ? ksp : ksp + 2 * k_groups;  // the scales of the next key tile
       // Idle (a.skip_idle): all 64 rows of this consumer lie past the end (a head's last tile).
       // It takes the first nkb turns here, releasing each K/V slot where a working consumer
       // would (in the turn after its QK^T), runs no key tile below, and takes the last turn
@@ -519,8 +524,8 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
       // +2-5 % from 4k keys up, equal at 1k; bench/NOTES.md)
 #pragma unroll (S::kKbu)
       for (int kb = 0; kb < nkb - nidle; ++kb) {
-        const float ks0 = kn0, ks1 = kn1;
-        if (kb + 1 < nkb) {
+        float ks0 = kn0, ks1 = kn1;
+        if (!kLateKs && kb + 1 < nkb) {
           kn0 = ksn[0];
           kn1 = ksn[k_groups];
           ksn += 2 * k_groups;
@@ -552,6 +557,11 @@ __global__ void __launch_bounds__(Sm90Shape<D, NCONS, VX, DA>::kThreads, 1) attn
         }
         wgmma_commit();
         named_bar_arrive<256>(other_turn);
+        if constexpr (kLateKs) {
+          ks0 = ksn[0];
+          ks1 = ksn[k_groups];
+          ksn += 2 * k_groups;
+        }
         // The operands of the next turn, while this turn's GEMMs run. No deadlock: the
         // producer refills K slot kb+1 once PV of tile kb+1-kStages is done, in all
         // consumers' earlier turns, which wait on nothing this consumer still holds.

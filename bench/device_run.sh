@@ -23,17 +23,7 @@ status=0
 
 if has build; then
   stamp build
-  # The lent machine's compiler (/opt/gcc, a relocated bundle) finds only libstdc++.a and would
-  # link a private copy of it, which setup.py refuses (it crashes beside torch's shared one on
-  # any error message that formats a number). Point the linker at the system's libstdc++.so.6.
-  if [[ "$(${CXX:-c++} -print-file-name=libstdc++.so)" != /* ]]; then
-    lib=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
-    if [[ -n "$lib" ]]; then
-      mkdir -p /tmp/sageattn-libstdcxx && ln -sf "$lib" /tmp/sageattn-libstdcxx/libstdc++.so
-      export LDFLAGS="-L/tmp/sageattn-libstdcxx${LDFLAGS:+ $LDFLAGS}"
-      echo "linking the system's $lib (the compiler has no libstdc++.so)"
-    fi
-  fi
+  source bench/libstdcxx_env.sh  # the lent machine's compiler has no libstdc++.so
   # in place: the .so files land next to the Python sources (PYTHONPATH below)
   /usr/bin/time -v python setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
     || { tail -50 "$OUT/build.log"; exit 1; }

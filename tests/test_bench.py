@@ -532,3 +532,30 @@ def test_ab_runs_are_written_under_date_gpu_commit_kind_tag(tmp_path):
     assert json.loads(stem.with_suffix(".json").read_text()) == {"device": "NVIDIA H200", "commit": "abc1234",
                                                                  "rows": [{"n": 1}]}
     assert ab_run.write_run(tmp_path, when, "X", "c", "waves", "", "", []).name == "2026-11-28-X-c-waves"
+
+
+def test_ab_summary_takes_the_median_over_rounds_per_variant(tmp_path):
+    """bench/ab_summary.py (bench/e2e_ab.sh's table): each variant's median over its rounds,
+    the rounds' TOPS in round order, new's speed as old ms over new ms; a shape only one
+    variant ran is left out, and a folder without runs is an error."""
+    import json
+    ab = bench_script("ab_summary", "bench_ab_summary")
+
+    def run(name, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "x.json").write_text(json.dumps({"meta": {}, "rows": [
+            {"d": 128, "causal": c, "n": n, "backend": b, "ms": ms, "tops": 1000 / ms} for c, n, b, ms in rows]}))
+
+    run("old-r1-s0", [(False, 4096, "cuda_sm90", 2.0), (False, 4096, "sdpa_cudnn", 3.0), (True, 16384, "cuda_sm90", 9.0)])
+    run("new-r1-s0", [(False, 4096, "cuda_sm90", 1.0), (False, 4096, "sdpa_cudnn", 3.0)])
+    run("new-r2-s0", [(False, 4096, "cuda_sm90", 1.5), (False, 4096, "sdpa_cudnn", 3.3)])
+    run("old-r2-s0", [(False, 4096, "cuda_sm90", 2.2), (False, 4096, "sdpa_cudnn", 3.3)])
+    (tmp_path / "notes").mkdir()  # not a run: ignored
+    text = ab.render(ab.collect(tmp_path))
+    rows = [line for line in text.splitlines() if line.startswith("| 128")]
+    assert rows == [
+        "| 128 | no | 4096 | cuda_sm90 | 2.1000 | 1.2500 | 500, 455 | 1000, 667 | 1.680 |",
+        "| 128 | no | 4096 | sdpa_cudnn | 3.1500 | 3.1500 | 333, 303 | 333, 303 | 1.000 |",
+    ]
+    assert ab.main([str(tmp_path / "notes")]) == 1

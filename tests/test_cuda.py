@@ -269,10 +269,10 @@ def _single_and_paired(call, monkeypatch, columns=128):
 
 @pytest.mark.parametrize("causal,keys,terms,consumers", [
     (False, 1535, 1, 2), (False, 1536, 1, 3), (True, 3071, 1, 2), (True, 3072, 1, 3),
-    (False, 2047, 2, 2), (False, 2048, 2, 3), (True, 8191, 2, 2), (True, 8192, 2, 3)])
+    (False, 1535, 2, 2), (False, 1536, 2, 3), (True, 8191, 2, 2), (True, 8192, 2, 3)])
 def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, terms, consumers, monkeypatch):
     """D=128 runs two consumer warpgroups below SAGE_SM90_NC3_KEYS keys (1536; causal 3072; with
-    two V terms 2048 and 8192) and three from there on, where bench/waves.py measured three the
+    two V terms 1536 and 8192) and three from there on, where bench/waves.py measured three the
     faster. SAGEATTN_SM90_NC3_KEYS moves the switch-over per call (1: always three), which A/B
     runs in one process rely on."""
     fn, _ = _need(SM90)

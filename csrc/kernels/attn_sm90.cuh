@@ -62,7 +62,10 @@ namespace sage {
 // (4 x 32 and 1 x 32), 0-12 % slower at 1024; causal, 2-6 % faster from 3072 keys (4 x 32,
 // 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the
 // causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then). V in two terms keeps
-// 2048 and 8192 (_V2): there three were 4-8 % slower causal at 3072-4096 keys (level at 6144).
+// 1536 and 8192 (_V2): there three were 4-8 % slower causal at 3072-4096 keys (level at 6144);
+// non-causal 2048 until the K-scale load in the turn (f53f835) made three 14 % faster with two
+// terms: then 6.5-12 % faster at 1536 keys (4 x 32, 2 x 24), 2-4 % slower causal up to 4096
+// (H200, bench/results/…-fe1e537-waves-v2-switch*.md).
 // Both counts give the same bits (tests/test_cuda.py), so packed sequences of any lengths
 // share a launch and each still gets the bits of its own call.
 #ifndef SAGE_SM90_NC3_KEYS
@@ -72,7 +75,7 @@ namespace sage {
 #define SAGE_SM90_NC3_KEYS_CAUSAL 3072
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_V2
-#define SAGE_SM90_NC3_KEYS_V2 2048
+#define SAGE_SM90_NC3_KEYS_V2 1536
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_CAUSAL_V2
 #define SAGE_SM90_NC3_KEYS_CAUSAL_V2 8192

@@ -559,3 +559,30 @@ def test_ab_summary_takes_the_median_over_rounds_per_variant(tmp_path):
         "| 128 | no | 4096 | sdpa_cudnn | 3.1500 | 3.1500 | 333, 303 | 333, 303 | 1.000 |",
     ]
     assert ab.main([str(tmp_path / "notes")]) == 1
+
+
+def test_loop_spill_counts_the_innermost_loop_that_issues_wgmma():
+    """bench/loop_spill.py: of the backward branches, the smallest body holding a wgmma is the
+    key loop; its local loads and stores are counted (predicated ones too), the outer loop's not."""
+    ls = bench_script("loop_spill", "bench_loop_spill")
+    sass = """
+        Function : _ZN4sage16attn_sm90_kernelILi128ELi3E13__nv_bfloat16Li2ELi1ELb0ELi128EEEvNS_8Sm90ArgsEi
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   STL [R1], R2 ;
+        /*0020*/                   IGMMA.64x128x32.S8.S8 R24, gdesc[UR4], RZ ;
+        /*0030*/               @P0 LDL R3, [R1] ;
+        /*0040*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R88, R4, gdesc[UR8], R88 ;
+        /*0050*/                   STL [R1+0x4], R5 ;
+        /*0060*/              @!P1 BRA 0x20 ;
+        /*0070*/                   LDL R6, [R1+0x8] ;
+        /*0080*/                   BRA 0x10 ;
+        /*0090*/                   BRA 0x90 ;
+        Function : other
+        /*0000*/                   LDL R1, [R2] ;
+        /*0010*/                   BRA 0x0 ;
+    """
+    funcs = ls.functions(sass)
+    name = next(iter(funcs))
+    assert ls.key_loop(funcs[name]) == (5, 1, 1)  # 0x20..0x60: IGMMA, LDL, QGMMA, STL, BRA
+    assert ls.key_loop(funcs["other"]) is None  # a loop without wgmma is not the key loop
+    assert ls.demangled_args(name) == "<128,3,bf16,2,1,0,128>"

@@ -28,7 +28,7 @@ rm -rf "$ABDIR" && mkdir -p "$ABDIR"
 tar --exclude=./build --exclude=./.git --exclude="./${OUT#./}" --exclude='*.so' -cf - . | tar -xf - -C "$ABDIR"
 cp -r "$OLD_FILES"/. "$ABDIR/csrc/kernels/"
 source bench/libstdcxx_env.sh
-echo "old copy: $(cd "$ABDIR" && find "csrc/kernels" -newer setup.py -type f | wc -l) files laid over; building"
+echo "old copy: $(find "$OLD_FILES" -type f | wc -l) file(s) of $OLD_FILES laid over csrc/kernels/; building"
 (cd "$ABDIR" && python setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) || { tail -30 "$OUT/build_old.log"; exit 1; }
 echo "[$(( $(date +%s) - t0 ))s] old built"
 IFS=';' read -ra sets <<< "$AB_ARGS"

@@ -61,11 +61,11 @@ namespace sage {
 // Measured end to end on the H100 (bench/waves.py, 9b1ba9c): three 7 % faster at 1536 keys
 // (4 x 32 and 1 x 32), 0-12 % slower at 1024; causal, 2-6 % faster from 3072 keys (4 x 32,
 // 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the
-// causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then). V in two terms keeps
-// 1536 and 8192 (_V2): there three were 4-8 % slower causal at 3072-4096 keys (level at 6144);
-// non-causal 2048 until the K-scale load in the turn (f53f835) made three 14 % faster with two
-// terms: then 6.5-12 % faster at 1536 keys (4 x 32, 2 x 24), 2-4 % slower causal up to 4096
-// (H200, bench/results/…-fe1e537-waves-v2-switch*.md).
+// causal switch-over was 8192 (three were 2-4 % slower at 2k-4k then). With V in two terms the
+// non-causal switch-over is the same 1536 (three 4.5-12 % faster there on an H200 since the
+// K-scale load in the turn, f53f835; it was 2048 before), causal keeps its own, 8192
+// (_CAUSAL_V2): three were 4-8 % slower at 3072-4096 keys on the H100 and still 1-4 % slower up
+// to 4096 on an H200 after f53f835 (bench/results/…-fe1e537-v2-switch-session.md).
 // Both counts give the same bits (tests/test_cuda.py), so packed sequences of any lengths
 // share a launch and each still gets the bits of its own call.
 #ifndef SAGE_SM90_NC3_KEYS
@@ -73,9 +73,6 @@ namespace sage {
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_CAUSAL
 #define SAGE_SM90_NC3_KEYS_CAUSAL 3072
-#endif
-#ifndef SAGE_SM90_NC3_KEYS_V2
-#define SAGE_SM90_NC3_KEYS_V2 1536
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_CAUSAL_V2
 #define SAGE_SM90_NC3_KEYS_CAUSAL_V2 8192

@@ -100,9 +100,10 @@ int sm90_consumers(const AttnParams& p, int head_dim) {
   // three; read per call, like the switches below)
   const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
   const int env_keys = e && *e ? std::atoi(e) : 0;
-  const int nc3_keys = env_keys > 0    ? env_keys
-                       : p.v_terms == 2 ? (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL_V2 : SAGE_SM90_NC3_KEYS_V2)
-                                        : (p.causal ? SAGE_SM90_NC3_KEYS_CAUSAL : SAGE_SM90_NC3_KEYS);
+  const int nc3_keys = env_keys > 0 ? env_keys
+                       : !p.causal    ? SAGE_SM90_NC3_KEYS  // one V term or two
+                       : p.v_terms == 2 ? SAGE_SM90_NC3_KEYS_CAUSAL_V2
+                                        : SAGE_SM90_NC3_KEYS_CAUSAL;
   return p.nk >= nc3_keys ? 3 : 2;
 }
 

@@ -4,7 +4,8 @@ persistent grid partly empty (B=1 diffusion-style shapes), beside SDPA's cuDNN b
     python bench/waves.py [--rounds 3] [--out DIR] [--tag NAME]
 
 The Hopper kernel runs 128-row work tiles on two consumer warpgroups or 192-row tiles on three
-(from SAGE_SM90_NC3_KEYS keys), one CTA per SM walking tiles at a fixed stride, so a call takes
+(from SAGE_SM90_NC3_KEYS keys, and below them where three take enough fewer rounds:
+dispatch.sm90_rows), one CTA per SM walking tiles at a fixed stride, so a call takes
 ceil(tiles / SMs) rounds. For each shape this prints both counts' rounds and the end-to-end GPU
 time (do_bench median, quantization included) of the sm90 function with three consumers forced
 (SAGEATTN_SM90_NC3_KEYS=1), with two forced (a key threshold no call reaches) and as shipped,
@@ -37,9 +38,9 @@ SHAPES += [(2, 24, 4608), (1, 24, 9216), (1, 12, 32760), (4, 32, 4096), (4, 32, 
 SETTINGS = {"three": "1", "two": str(1 << 30), "shipped": None}
 
 
-def rounds(b: int, h: int, n: int, rows: int, sms: int) -> int:
-    nq_pad = math.ceil(n / 128) * 128
-    return math.ceil(b * h * math.ceil(nq_pad / rows) / sms)
+def rounds(b: int, h: int, nq: int, rows: int, sms: int) -> int:
+    """ceil(work tiles / SMs), the tiles counted as sm90_q_tiles does (csrc/kernels/attn_sm90_tiles.cuh)."""
+    return math.ceil(b * h * math.ceil(nq / rows) / sms)
 
 
 def sdpa_cudnn(q, k, v, causal: bool):
@@ -61,7 +62,8 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--v-terms", type=int, default=1, choices=(1, 2), help="v_fp8_terms of the sm90 function")
-    ap.add_argument("--shapes", nargs="+", default=None, metavar="BxHxN", help="instead of the built-in list")
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="BxHxN[xNk]",
+                    help="instead of the built-in list (a fourth number: keys, when not N)")
     args = ap.parse_args()
     if "SAGEATTN_SM90_NC3_KEYS" in os.environ:
         sys.exit("unset SAGEATTN_SM90_NC3_KEYS: this script sets it per measurement")
@@ -70,8 +72,11 @@ def main() -> None:
     d = args.d
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     rows = []
-    for b, h, n in shapes:
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for shape in shapes:
+        b, h, n = shape[:3]
+        nk = shape[3] if len(shape) > 3 else n
+        q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, h, nk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         sm90 = lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, is_causal=args.causal,
                                                             v_fp8_terms=args.v_terms)  # noqa: E731
         names = list(SETTINGS) + ["cudnn"]
@@ -81,10 +86,12 @@ def main() -> None:
             for x in order:
                 times[x].append(gpu_us(lambda: sdpa_cudnn(q, k, v, args.causal)) if x == "cudnn" else timed(x, sm90))
         med = {x: statistics.median(t) for x, t in times.items()}
-        row = {"b": b, "h": h, "n": n, "d": d, "causal": args.causal, "v_terms": args.v_terms, "rounds_two": rounds(b, h, n, 128, sms),
-               "rounds_three": rounds(b, h, n, 192, sms), "us": med, "all_us": times}
+        rule = 2 if args.causal or args.v_terms == 2 else sa.dispatch.sm90_rows(b * h, n, nk, d, sms) // 64
+        row = {"b": b, "h": h, "n": n, "nk": nk, "d": d, "causal": args.causal, "v_terms": args.v_terms,
+               "rounds_two": rounds(b, h, n, 128, sms), "rounds_three": rounds(b, h, n, 192, sms),
+               "model": rule, "us": med, "all_us": times}
         rows.append(row)
-        print(f"{b}x{h}x{n}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']}  "
+        print(f"{b}x{h}x{n}x{nk}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']} model {rule}c  "
               + "  ".join(f"{x} {med[x]:.1f}" for x in names)
               + f"  two/three {med['two'] / med['three']:.3f}", flush=True)
         del q, k, v
@@ -94,13 +101,15 @@ def main() -> None:
              f"torch {torch.__version__}, {sms} SMs, D={d}, bf16, HND, {'causal' if args.causal else 'non-causal'}. "
              f"Command: `python bench/waves.py {' '.join(sys.argv[1:])}`", "",
              "End-to-end GPU time of the sm90 function (µs, do_bench median of the rounds' medians) with three "
-             "consumers forced, two forced and as shipped, and SDPA's cuDNN; rounds: ceil(work tiles / SMs).", "",
-             "| B | H | N | rounds 2c | rounds 3c | three | two | shipped | cuDNN | two / three |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "consumers forced, two forced and as shipped, and SDPA's cuDNN; rounds: ceil(work tiles / SMs); "
+             "model: the consumer count dispatch.sm90_rows gives (below the key switch-over, non-causal, one V term: "
+             "by the rounds; the kernel's own choice, which `shipped` runs).", "",
+             "| B | H | Nq | Nk | rounds 2c | rounds 3c | model | three | two | shipped | cuDNN | two / three |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["us"]
-        lines.append(f"| {r['b']} | {r['h']} | {r['n']} | {r['rounds_two']} | {r['rounds_three']} | {m['three']:.1f} | "
-                     f"{m['two']:.1f} | {m['shipped']:.1f} | {m['cudnn']:.1f} | {m['two'] / m['three']:.3f} |")
+        lines.append(f"| {r['b']} | {r['h']} | {r['n']} | {r['nk']} | {r['rounds_two']} | {r['rounds_three']} | {r['model']} | "
+                     f"{m['three']:.1f} | {m['two']:.1f} | {m['shipped']:.1f} | {m['cudnn']:.1f} | {m['two'] / m['three']:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

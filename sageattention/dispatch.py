@@ -450,8 +450,28 @@ def call_limits(lim: HandOver, head_dim: int, causal: bool, gqa: bool, aligned: 
 
 #: Keys from which the Hopper kernel runs D=128 (and 65-127) on three consumer warpgroups, 192
 #: query rows per work tile, not 128 (SAGE_SM90_NC3_KEYS in csrc/kernels/attn_sm90.cuh, non-causal,
-#: V in one term; D <= 64 always runs 192).
+#: V in one term; D <= 64 always runs 192). Below it, from :data:`SM90_NC3_ROUNDS_KEYS` keys, it
+#: runs 192 where that takes enough fewer rounds of work tiles (:func:`sm90_rows`).
 SM90_NC3_KEYS = 1536
+#: SAGE_SM90_NC3_ROUNDS_KEYS and SAGE_SM90_NC3_ROUNDS (per mille) in csrc/kernels/attn_sm90.cuh
+SM90_NC3_ROUNDS_KEYS = 768
+SM90_NC3_ROUNDS = 1286
+
+
+def sm90_rows(heads: int, len_q: int, len_k: int, head_dim: int, sms: int) -> int:
+    """Query rows per work tile of the Hopper kernel on a non-causal call of ``heads`` (B·Hq) query
+    heads with V in one term, as sm90_consumers (csrc/kernels/attn_sm90_host.cu) chooses them:
+    128 above head dim 128; 192 (three consumers) up to 64 and from :data:`SM90_NC3_KEYS` keys; from
+    :data:`SM90_NC3_ROUNDS_KEYS` keys where ``SM90_NC3_ROUNDS`` / 1000 times the rounds of 192-row
+    tiles over ``sms`` SMs is under those of 128-row tiles; else 128 (two)."""
+    if head_dim > 128:  # the D=256 kernel: two consumers
+        return 128
+    if head_dim <= 64 or len_k >= SM90_NC3_KEYS:
+        return 192
+    if len_k < SM90_NC3_ROUNDS_KEYS or sms <= 0:
+        return 128
+    r2, r3 = (-(-heads * -(-len_q // rows) // sms) for rows in (128, 192))
+    return 192 if SM90_NC3_ROUNDS * r3 < 1000 * r2 else 128
 
 
 def round_fill(tiles: int, slots: int) -> float:
@@ -463,10 +483,10 @@ def grid_slower(lim: HandOver, heads: int, len_q: int, len_k: int, head_dim: int
     """Whether the kernel is expected slower than cuDNN on a non-causal call of ``heads`` (B·Hq)
     query heads by the round fill model: its time over cuDNN's is ``base`` (``lim.grid_base``, from
     ``lim.grid_long`` keys ``lim.grid_base_long``, per mille: the ratio at equal fill) times cuDNN's
-    round fill over its own, the kernel's persistent CTAs taking one work tile of 192 query rows
-    (128 at head dims 65-128 below :data:`SM90_NC3_KEYS` keys) per SM per round and cuDNN one
-    128-row tile (bench/HANDOVER.md, "Rounds of work tiles")."""
-    rows = 192 if head_dim <= 64 or len_k >= SM90_NC3_KEYS else 128
+    round fill over its own, the kernel's persistent CTAs taking one work tile of 192 or 128 query
+    rows (:func:`sm90_rows`) per SM per round and cuDNN one 128-row tile (bench/HANDOVER.md,
+    "Rounds of work tiles")."""
+    rows = sm90_rows(heads, len_q, len_k, head_dim, lim.sms)
     ours = round_fill(heads * -(-len_q // rows), lim.sms)
     cudnn = round_fill(heads * -(-len_q // CUDNN_TILE), lim.sms)
     base = lim.grid_base_long if len_k >= lim.grid_long else lim.grid_base

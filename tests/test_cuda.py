@@ -286,6 +286,28 @@ def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, terms, cons
     assert {nc for _, nc, _, _ in _sm90_kernels(call)} == {2}
 
 
+@pytest.mark.parametrize("b,h,nq,nk,causal,terms", [
+    (4, 32, 1024, 1024, False, 1), (2, 24, 1024, 1024, False, 1), (4, 32, 800, 800, False, 1),
+    (1, 32, 1200, 1200, False, 1), (4, 32, 1024, 767, False, 1), (2, 16, 4096, 1024, False, 1),
+    (4, 32, 1024, 1024, True, 1), (4, 32, 1024, 1024, False, 2)])
+def test_sm90_consumer_count_below_its_key_count_follows_the_rounds(b, h, nq, nk, causal, terms, monkeypatch):
+    """Below SAGE_SM90_NC3_KEYS keys, non-causal calls with V in one term run three consumers
+    where that takes enough fewer rounds of work tiles on this GPU's SMs (from 768 keys): the
+    kernel's choice (sm90_consumers) must be the one dispatch.sm90_rows models for sageattn's
+    hand-over. Causal calls and two V terms keep two below their key counts."""
+    from sageattention import dispatch
+    fn, _ = _need(SM90)
+    monkeypatch.delenv("SAGEATTN_SM90_NC3_KEYS", raising=False)
+    q, k, v = make_qkv(b, h, h, nq, nk, 128, torch.bfloat16, "HND", "cuda", seed=nq + nk)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = 2 if causal or terms == 2 else dispatch.sm90_rows(b * h, nq, nk, 128, sms) // 64
+    got = {nc for _, nc, _, _ in _sm90_kernels(lambda: fn(q, k, v, is_causal=causal, v_fp8_terms=terms))}
+    assert got == {want}
+    if sms == 132:  # H100 SXM / H200: the rounds of the first three shapes as bench/waves.py measured them
+        assert (b, h, nq, nk, causal, terms) != (4, 32, 1024, 1024, False, 1) or want == 3
+        assert (b, h, nq, nk) != (2, 24, 1024, 1024) or want == 2
+
+
 @pytest.mark.parametrize("d,nq,nk,causal,terms", [(128, 1000, 1000, False, 1), (128, 777, 3000, True, 1),
                                                   (96, 2000, 1500, False, 1), (80, 700, 700, True, 1),
                                                   (128, 1000, 2100, False, 2)])

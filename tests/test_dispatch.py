@@ -955,18 +955,43 @@ def test_round_fill_counts_the_rounds_each_side_takes():
     assert dispatch.round_fill(132, 132) == 1.0 and dispatch.round_fill(133, 132) == 133 / 264
     assert dispatch.round_fill(152, 132) == 152 / 264 and dispatch.round_fill(1, 132) == 1 / 132
     header = (RESULTS.parent.parent / "csrc" / "kernels" / "attn_sm90.cuh").read_text()
-    assert re.search(r"#define SAGE_SM90_NC3_KEYS (\d+)", header).group(1) == str(dispatch.SM90_NC3_KEYS)
+    for name in ("SM90_NC3_KEYS", "SM90_NC3_ROUNDS_KEYS", "SM90_NC3_ROUNDS"):
+        assert re.search(rf"#define SAGE_{name} (\d+)", header).group(1) == str(getattr(dispatch, name)), name
     lim = dispatch.H200_SM90
     # 1 x 8 x 3500^2: the kernel's 152 tiles of 192 rows take two rounds of 132, cuDNN's 224 of 128 two
     assert dispatch.grid_slower(lim, 8, 3500, 3500, 128)  # 0.90 x 0.85 / 0.58 > 1
     # on 114 SMs (an H100 PCIe's count) the same call fills 152 / 228 and 224 / 228
     assert dispatch.grid_slower(lim._replace(sms=114), 8, 3500, 3500, 128)
-    # 1 x 32 x 1200^2 at D=128: 128-row tiles below 1536 keys, 320 of them as cuDNN's: equal fill
+    # 1 x 32 x 1200^2 at D=128: 224 tiles of 192 rows (two rounds, 85 % full: three consumers, as
+    # 128-row tiles would take three) against cuDNN's 320 of 128 (three rounds, 81 %)
+    assert dispatch.sm90_rows(32, 1200, 1200, 128, 132) == 192
     assert not dispatch.grid_slower(lim, 32, 1200, 1200, 128)
     choice, _ = dispatch.select((9, 0), ["cuda_sm90"], "NVIDIA H200", 91900, sm_count=114)
     assert choice.hand_over.sms == 114 and choice.hand_over.grid_base == 900
     choice, _ = dispatch.select((9, 0), ["cuda_sm90"], "NVIDIA H200", 91900)
     assert choice.hand_over.sms == 132
+
+
+@pytest.mark.parametrize("heads, nq, nk, d, sms, rows", [
+    (128, 1024, 1024, 128, 132, 192),  # 4 x 32 x 1024: 6 rounds of 192 rows against 8 of 128 (1.33x)
+    (128, 1408, 1408, 128, 132, 192),  # 8 against 11
+    (48, 1024, 1024, 128, 132, 128),   # 2 x 24 x 1024: 3 rounds either way
+    (128, 1024, 767, 128, 132, 128),   # under SM90_NC3_ROUNDS_KEYS keys: two whatever the rounds
+    (128, 1024, 768, 128, 132, 192),
+    (128, 4096, 1024, 96, 132, 192),   # 22 rounds against 32, head dim 96 on the D=128 kernel
+    (9, 1024, 1024, 128, 132, 128),    # one round either way
+    (28, 1024, 1024, 128, 132, 128),   # 168 tiles of 192 (2 rounds) against 224 of 128 (2): equal
+    (128, 1024, 1024, 128, 114, 128),  # 7 rounds against 9 on 114 SMs: 1.2857x, just short of 1.286
+    (48, 500, 1536, 128, 132, 192),    # from SM90_NC3_KEYS keys three whatever the rounds
+    (48, 500, 500, 64, 132, 192),      # head dims up to 64: always three
+    (128, 1024, 1024, 256, 132, 128),  # the D=256 kernel: always two
+])
+def test_sm90_rows_follow_the_rounds_rule(heads, nq, nk, d, sms, rows):
+    """The Hopper kernel's rows per work tile as dispatch models them (sm90_rows, the mirror of
+    sm90_consumers in csrc/kernels/attn_sm90_host.cu): below SM90_NC3_KEYS keys, three consumers
+    (192 rows) where 1.286 times their rounds is under two consumers' rounds (bench/waves.py on an
+    H200 put three 1-10 % ahead at 1.33-1.5x fewer rounds and 10 % behind at equal rounds)."""
+    assert dispatch.sm90_rows(heads, nq, nk, d, sms) == rows
 
 
 # Non-causal calls with Nq != Nk around the limits (crossover.py's ``rect-edge`` sets, fewer

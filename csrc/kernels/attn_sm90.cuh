@@ -56,8 +56,9 @@ namespace sage {
 // NC consumer warpgroups per CTA, 64 query rows each: two with 240 registers each, or three
 // with 160, which hide more of each consumer's softmax latency (bench/NOTES.md). D=64 always
 // runs three; D=128 runs three from SAGE_SM90_NC3_KEYS keys on (causal: _CAUSAL) and two
-// below (sm90_consumers in attn_sm90_host.cu): three are slower on short sequences (fewer,
-// longer work tiles, and the split PV product below).
+// below (sm90_consumers in attn_sm90_host.cu), but for the rounds rule further down: three are
+// slower on short sequences (fewer, longer work tiles, and the split PV product below) unless
+// they save rounds of work tiles.
 // Measured end to end on the H100 (bench/waves.py, 9b1ba9c): three 7 % faster at 1536 keys
 // (4 x 32 and 1 x 32), 0-12 % slower at 1024; causal, 2-6 % faster from 3072 keys (4 x 32,
 // 2 x 40, 8 x 16; head dim 96 5-11 %), level at 2048. Before the causal tile counter the
@@ -76,6 +77,19 @@ namespace sage {
 #endif
 #ifndef SAGE_SM90_NC3_KEYS_CAUSAL_V2
 #define SAGE_SM90_NC3_KEYS_CAUSAL_V2 8192
+#endif
+// Below SAGE_SM90_NC3_KEYS, non-causal calls with V in one term run three from
+// SAGE_SM90_NC3_ROUNDS_KEYS keys where the persistent grid takes enough fewer rounds of 192-row
+// tiles than of 128-row ones: ROUNDS / 1000 times the first under the second. On an H200 three
+// cost 0.857 of two per row and round at 4 x 32 x 1024 (158 against 164 us end to end for 6
+// rounds against 8, f0cfacc): 1.5 x 0.857 = 1.286. Measured three 1-10 % faster at 768-1408 keys
+// where the rounds fell by 1.33-1.5x, two 10 % faster at 2 x 24 x 1024 (3 rounds either way)
+// (bench/results/…-f0cfacc-waves-nc3-switch.md). Not packed calls: their tiles differ in length.
+#ifndef SAGE_SM90_NC3_ROUNDS
+#define SAGE_SM90_NC3_ROUNDS 1286
+#endif
+#ifndef SAGE_SM90_NC3_ROUNDS_KEYS
+#define SAGE_SM90_NC3_ROUNDS_KEYS 768
 #endif
 
 // CTA pairs sharing K and V (CL = 2 below) from SAGE_SM90_PAIR_KEYS keys on (sm90_cluster_ok).

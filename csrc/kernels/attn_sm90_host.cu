@@ -86,25 +86,38 @@ cudaError_t sm90_make_maps(const AttnParams& p, int d, int v_box_rows, int q_box
   return cudaSuccess;
 }
 
-int sm90_grid(int64_t tiles) {
+static int sm_count() {
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     return 0;
+  return sms;
+}
+
+int sm90_grid(int64_t tiles) {
+  const int sms = sm_count();
   return static_cast<int>(tiles < sms ? tiles : sms);  // one CTA per SM (__launch_bounds__(kThreads, 1))
 }
 
 int sm90_consumers(const AttnParams& p, int head_dim) {
   if (head_dim == 64) return 3;
   if (head_dim == 256) return 2;
-  // SAGEATTN_SM90_NC3_KEYS moves both switch-overs of D=128, for tests and A/B runs (1: always
-  // three; read per call, like the switches below)
+  // SAGEATTN_SM90_NC3_KEYS moves both switch-overs of D=128 and turns the rounds rule below off,
+  // for tests and A/B runs (1: always three; read per call, like the switches below)
   const char* e = std::getenv("SAGEATTN_SM90_NC3_KEYS");
   const int env_keys = e && *e ? std::atoi(e) : 0;
-  const int nc3_keys = env_keys > 0 ? env_keys
-                       : !p.causal    ? SAGE_SM90_NC3_KEYS  // one V term or two
+  if (env_keys > 0) return p.nk >= env_keys ? 3 : 2;
+  const int nc3_keys = !p.causal      ? SAGE_SM90_NC3_KEYS  // one V term or two
                        : p.v_terms == 2 ? SAGE_SM90_NC3_KEYS_CAUSAL_V2
                                         : SAGE_SM90_NC3_KEYS_CAUSAL;
-  return p.nk >= nc3_keys ? 3 : 2;
+  if (p.nk >= nc3_keys) return 3;
+  // Shorter non-causal calls with V in one term (not packed: their sequences' tiles differ):
+  // three where their rounds of 192-row tiles are enough fewer than those of 128-row tiles to
+  // pay for 1.5x the rows per round (SAGE_SM90_NC3_ROUNDS in attn_sm90.cuh)
+  if (p.causal || p.v_terms == 2 || p.seq_q || p.nk < SAGE_SM90_NC3_ROUNDS_KEYS) return 2;
+  const int64_t sms = sm_count();
+  if (sms <= 0) return 2;
+  const int64_t r2 = (sm90_tiles(p, 128) + sms - 1) / sms, r3 = (sm90_tiles(p, 192) + sms - 1) / sms;
+  return SAGE_SM90_NC3_ROUNDS * r3 < 1000 * r2 ? 3 : 2;
 }
 
 bool sm90_cluster_ok(const AttnParams& p, int64_t tiles, int grid) {

@@ -454,7 +454,7 @@ def call_limits(lim: HandOver, head_dim: int, causal: bool, gqa: bool, aligned: 
 #: runs 192 where that takes enough fewer rounds of work tiles (:func:`sm90_rows`).
 SM90_NC3_KEYS = 1536
 #: SAGE_SM90_NC3_ROUNDS_KEYS and SAGE_SM90_NC3_ROUNDS (per mille) in csrc/kernels/attn_sm90.cuh
-SM90_NC3_ROUNDS_KEYS = 768
+SM90_NC3_ROUNDS_KEYS = 512
 SM90_NC3_ROUNDS = 1286
 
 

@@ -288,11 +288,11 @@ def test_sm90_consumer_count_switches_at_its_key_count(causal, keys, terms, cons
 
 @pytest.mark.parametrize("b,h,nq,nk,causal,terms", [
     (4, 32, 1024, 1024, False, 1), (2, 24, 1024, 1024, False, 1), (4, 32, 800, 800, False, 1),
-    (1, 32, 1200, 1200, False, 1), (4, 32, 1024, 767, False, 1), (2, 16, 4096, 1024, False, 1),
+    (1, 32, 1200, 1200, False, 1), (4, 32, 1024, 511, False, 1), (4, 32, 512, 512, False, 1), (2, 16, 4096, 1024, False, 1),
     (4, 32, 1024, 1024, True, 1), (4, 32, 1024, 1024, False, 2)])
 def test_sm90_consumer_count_below_its_key_count_follows_the_rounds(b, h, nq, nk, causal, terms, monkeypatch):
     """Below SAGE_SM90_NC3_KEYS keys, non-causal calls with V in one term run three consumers
-    where that takes enough fewer rounds of work tiles on this GPU's SMs (from 768 keys): the
+    where that takes enough fewer rounds of work tiles on this GPU's SMs (from 512 keys): the
     kernel's choice (sm90_consumers) must be the one dispatch.sm90_rows models for sageattn's
     hand-over. Causal calls and two V terms keep two below their key counts."""
     from sageattention import dispatch

@@ -976,8 +976,8 @@ def test_round_fill_counts_the_rounds_each_side_takes():
     (128, 1024, 1024, 128, 132, 192),  # 4 x 32 x 1024: 6 rounds of 192 rows against 8 of 128 (1.33x)
     (128, 1408, 1408, 128, 132, 192),  # 8 against 11
     (48, 1024, 1024, 128, 132, 128),   # 2 x 24 x 1024: 3 rounds either way
-    (128, 1024, 767, 128, 132, 128),   # under SM90_NC3_ROUNDS_KEYS keys: two whatever the rounds
-    (128, 1024, 768, 128, 132, 192),
+    (128, 1024, 511, 128, 132, 128),   # under SM90_NC3_ROUNDS_KEYS keys: two whatever the rounds
+    (128, 1024, 512, 128, 132, 192),
     (128, 4096, 1024, 96, 132, 192),   # 22 rounds against 32, head dim 96 on the D=128 kernel
     (9, 1024, 1024, 128, 132, 128),    # one round either way
     (28, 1024, 1024, 128, 132, 128),   # 168 tiles of 192 (2 rounds) against 224 of 128 (2): equal

@@ -89,7 +89,7 @@ namespace sage {
 #define SAGE_SM90_NC3_ROUNDS 1286
 #endif
 #ifndef SAGE_SM90_NC3_ROUNDS_KEYS
-#define SAGE_SM90_NC3_ROUNDS_KEYS 768
+#define SAGE_SM90_NC3_ROUNDS_KEYS 512
 #endif
 
 // CTA pairs sharing K and V (CL = 2 below) from SAGE_SM90_PAIR_KEYS keys on (sm90_cluster_ok).

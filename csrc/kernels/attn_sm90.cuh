@@ -82,9 +82,11 @@ namespace sage {
 // SAGE_SM90_NC3_ROUNDS_KEYS keys where the persistent grid takes enough fewer rounds of 192-row
 // tiles than of 128-row ones: ROUNDS / 1000 times the first under the second. On an H200 three
 // cost 0.857 of two per row and round at 4 x 32 x 1024 (158 against 164 us end to end for 6
-// rounds against 8, f0cfacc): 1.5 x 0.857 = 1.286. Measured three 1-10 % faster at 768-1408 keys
-// where the rounds fell by 1.33-1.5x, two 10 % faster at 2 x 24 x 1024 (3 rounds either way)
-// (bench/results/…-f0cfacc-waves-nc3-switch.md). Not packed calls: their tiles differ in length.
+// rounds against 8, f0cfacc): 1.5 x 0.857 = 1.286. On 27 shapes at 512-1408 keys (many queries on
+// few keys among them) the rule picked the faster count on 24, 3-14 % faster than two where it
+// takes three; the misses were two shapes at 1.25x fewer rounds, where three were 2 % faster
+// (bench/results/…-2b17f9a-session.md). Not packed calls: their tiles differ in length; not two
+// V terms: three were 2 % slower at 4 x 32 x 1024 with them (…-fe1e537-v2-switch-session.md).
 #ifndef SAGE_SM90_NC3_ROUNDS
 #define SAGE_SM90_NC3_ROUNDS 1286
 #endif

@@ -211,6 +211,17 @@ RECT_EDGE_CHECK = [(b, h, hkv, nq, nk, d, False) for d in (128, 64)
 # and keys alike would hand over
 RECT_LONG_Q = [(b, h, h, nq, nk, 128, False) for b, h in ((2, 24), (4, 32)) for nq in (4096, 8192, 16384, 32768)
                for nk in (768, 1024, 1280)]
+# the check of a rule for many queries on few keys, chosen on rect-long-q and rect-edge at 2b17f9a
+# after the kernel took three consumers below 1536 keys where they take fewer rounds (bench/
+# HANDOVER.md): other heads, groups, head dims (96) and lengths; queries 2.4-19x the keys, 512-1408
+# keys, on both sides of the rule's 3x and 2^28 pairs
+RECT_LONG_Q_CHECK = [(1, 64, 8, 6144, 1024, 128, False), (1, 64, 8, 3072, 1024, 128, False),
+                     (2, 40, 40, 3584, 1152, 128, False), (2, 40, 40, 2816, 1152, 128, False),
+                     (2, 40, 40, 12288, 640, 128, False), (8, 16, 4, 4096, 896, 128, False),
+                     (8, 16, 4, 2560, 896, 128, False), (1, 32, 32, 16384, 1408, 128, False),
+                     (1, 32, 32, 8192, 600, 128, False), (4, 24, 24, 3072, 1024, 128, False),
+                     (4, 24, 24, 6144, 512, 128, False), (4, 32, 32, 4096, 1024, 96, False),
+                     (2, 24, 24, 8192, 768, 96, False), (4, 32, 32, 2048, 640, 128, False)]
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -364,6 +375,7 @@ SETS = {
     "rect-edge": RECT_EDGE,
     "rect-edge-check": RECT_EDGE_CHECK,
     "rect-long-q": RECT_LONG_Q,
+    "rect-long-q-check": RECT_LONG_Q_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

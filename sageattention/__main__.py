@@ -89,6 +89,9 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
         lines.append(f"    off the tile, not GQA, D <= 128, from {_count(s.pairs_unaligned)} up to {_count(s.pairs)}: "
                      f"also where the rounds of work tiles on {s.sms} SMs predict the kernel slower "
                      "(dispatch.grid_slower)")
+    if s.long_q:
+        lines.append(f"    non-causal, 64 < D <= 128, {dispatch.SM90_NC3_ROUNDS_KEYS} to {dispatch.SM90_NC3_KEYS - 1} keys and "
+                     f"{s.long_q}x as many queries or more: only B*H*Nq*Nk below {_count(s.pairs)}")
     lines.append("    head dims that are not multiples of 8: never (SDPA runs those on flash, slower)")
     lines.append(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
                  f"(cuDNN {dispatch._cudnn_version() or 'not found'}), two keys or more (o and the LSE from torch's cuDNN "

@@ -98,6 +98,12 @@ class HandOver(NamedTuple):
     ``pairs`` go by how full each side's rounds of work tiles are where ``grid_base`` is set
     (:func:`grid_slower`; 0: by the pair limit alone): at so few pairs the kernel's 192-row tiles
     and cuDNN's 128-row ones leave different shares of ``sms`` idle in their last round.
+    Where ``long_q`` is set (0: nowhere), non-causal calls (not causal ones with fewer keys) at
+    head dims 65-128 with :data:`SM90_NC3_ROUNDS_KEYS` up to :data:`SM90_NC3_KEYS` keys and at
+    least ``long_q`` times as many queries are short only below ``pairs``, whatever their
+    length: the kernel runs most such
+    calls on three consumers (:func:`sm90_rows`) and passes cuDNN at shorter lengths there
+    (bench/HANDOVER.md, "Decode, cross-attention and Nq ≠ Nk": measured, not yet checked).
     Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
     padded, slower than the kernel at every measured size (:func:`goes_to_sdpa`).
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -132,6 +138,7 @@ class HandOver(NamedTuple):
     grid_base: int
     grid_base_long: int
     grid_long: int
+    long_q: int
     sms: int
     lse_head_dim: int
 
@@ -165,7 +172,7 @@ GH100_SM90 = HandOver(head_dim_above=MAX_HEAD_DIM,  # no head dim handed over
                       pairs=1 << 28, pairs_unaligned=1 << 28, pairs_gqa=1 << 28, pairs_causal=3 << 28,
                       pairs_causal_gqa=1 << 29,
                       length_causal_long=6144, pairs_causal_long=1 << 29,
-                      grid_base=0, grid_base_long=0, grid_long=0, sms=132, lse_head_dim=256)
+                      grid_base=0, grid_base_long=0, grid_long=0, long_q=0, sms=132, lse_head_dim=256)
 #: The other kernels on those GPUs (Triton, the mma.sync ones: the sm90 extension missing) take
 #: the same short-call limits, and hand every head dim above 128 to SDPA: they reach 78-259
 #: TOPS at D=256 against cuDNN's 438-691 (N 1k-16k, …-15c809f-d256.md).
@@ -506,13 +513,17 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     does the round fill model (:func:`grid_slower`) where it applies, not measured for them."""
     lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
     gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
+    kernel_causal = causal  # the kernel runs causal calls on its causal consumer counts, whatever the lengths
     if causal:
         len_k = min(len_k, len_q)
         causal = len_q == len_k
     aligned = len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0
     length, pairs = call_limits(lim, head_dim, causal, gqa, aligned, causal and len_q >= lim.length_causal_long)
-    # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
     n = batch * heads_q * len_q * len_k
+    if (lim.long_q and not kernel_causal and 64 < head_dim <= 128 and SM90_NC3_ROUNDS_KEYS <= len_k < SM90_NC3_KEYS
+            and len_q >= lim.long_q * len_k):
+        return n < lim.pairs  # many queries on few keys (three consumers, sm90_rows): the pair limit alone
+    # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
     if 2 * len_q * len_k < length * (len_q + len_k) or n < pairs:
         return True
     # non-causal calls off the tile, not GQA, at head dims up to 128, from their pair limit

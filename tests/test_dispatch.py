@@ -196,7 +196,7 @@ LIMITS = dispatch.HandOver(head_dim_above=256, length=2048, length_unaligned=204
                            length_192_gqa_aligned=0,
                            pairs=1 << 28, pairs_unaligned=1 << 28, pairs_gqa=1 << 28, pairs_causal=1 << 30,
                            pairs_causal_gqa=1 << 29, length_causal_long=6144, pairs_causal_long=1 << 29,
-                           grid_base=0, grid_base_long=0, grid_long=0, sms=132, lse_head_dim=128)
+                           grid_base=0, grid_base_long=0, grid_long=0, long_q=0, sms=132, lse_head_dim=128)
 UNALIGNED = LIMITS._replace(length_unaligned=1792, length_gqa=1472, length_gqa_d64=1472, length_gqa_aligned=1664)
 # GQA at head dim 64 and the pair limit off the tile set apart (the H200's row)
 APART = UNALIGNED._replace(length_gqa_d64=896, pairs_unaligned=1 << 27)
@@ -992,6 +992,39 @@ def test_sm90_rows_follow_the_rounds_rule(heads, nq, nk, d, sms, rows):
     (192 rows) where 1.286 times their rounds is under two consumers' rounds (bench/waves.py on an
     H200 put three 1-10 % ahead at 1.33-1.5x fewer rounds and 10 % behind at equal rounds)."""
     assert dispatch.sm90_rows(heads, nq, nk, d, sms) == rows
+
+
+@pytest.mark.parametrize("b, h, nq, nk, d, causal, short_then, short_long_q", [
+    (4, 32, 4096, 1024, 128, False, True, False),   # L = 1638: by the length, then by 2^29 pairs
+    (4, 32, 3072, 1024, 96, False, True, False),    # 3x exactly, head dim 96 (the D=128 kernel)
+    (4, 32, 2048, 1024, 128, False, True, True),    # 2x: still by the length
+    (2, 24, 4096, 768, 128, False, True, True),     # under 2^28 pairs
+    (4, 32, 8192, 1536, 128, False, False, False),  # from SM90_NC3_KEYS keys the length as before
+    (4, 32, 4096, 1024, 64, False, True, True),     # D=64: its kernel did not change
+    (4, 32, 4096, 1024, 128, True, True, True),     # causal: the kernel keeps two consumers there
+    (4, 32, 8192, 500, 128, False, True, True),     # under SM90_NC3_ROUNDS_KEYS keys
+])
+def test_long_q_limit_keeps_many_queries_on_few_keys(b, h, nq, nk, d, causal, short_then, short_long_q):
+    """``long_q`` (0 in every row until checked; bench/HANDOVER.md): non-causal calls at head dims
+    65-128 with 512-1535 keys and at least long_q times as many queries go by the pair limit alone."""
+    dims = _dims(b, h, nq, nk, d)
+    assert dispatch.goes_to_sdpa(dispatch.H200_SM90, dims, causal, False) == short_then
+    assert dispatch.goes_to_sdpa(dispatch.H200_SM90._replace(long_q=3), dims, causal, False) == short_long_q
+    assert all(row[2].long_q == 0 for row in dispatch.HAND_OVER[(9, 0)] if row[2] is not None)
+
+
+def test_long_q_limit_on_the_three_consumer_kernel_measured_not_checked():
+    """rect-long-q on an H200 at 2b17f9a (the kernel on three consumers below 1536 keys where they
+    take fewer rounds): the length rule sends 16 of its 24 calls to cuDNN, 14.6 % over their faster
+    side on average, 16 more than 6 % off, worst 1.32 (4 x 32 x 32768 x 1024); long_q = 3, chosen
+    on this run and rect-edge's, 0.47 %, 1 and 1.09. Not adopted: a rule needs a check on calls it
+    was not chosen on (``rect-long-q-check``, CONTRIBUTING)."""
+    run = {"2026-11-29-NVIDIA_H200-2b17f9a-crossover-rect-long-q": 24}
+    ok = lambda r: not r["causal"] and r["nq"] > r["nk"]  # noqa: E731
+    calls, mean, worst, off = _cost_over_runs(run, ok)
+    assert calls == 24 and mean >= 0.14 and off == 16 and worst >= 1.3, (mean, worst, off)
+    calls, mean, worst, off = _cost_over_runs(run, ok, {"long_q": 3})
+    assert mean <= 0.005 and off <= 1 and worst <= 1.09, (mean, worst, off)
 
 
 # Non-causal calls with Nq != Nk around the limits (crossover.py's ``rect-edge`` sets, fewer

@@ -39,8 +39,8 @@ SETTINGS = {"three": "1", "two": str(1 << 30), "shipped": None}
 
 
 def rounds(b: int, h: int, nq: int, rows: int, sms: int) -> int:
-    """ceil(work tiles / SMs), the tiles counted as sm90_q_tiles does (csrc/kernels/attn_sm90_tiles.cuh)."""
-    return math.ceil(b * h * math.ceil(nq / rows) / sms)
+    """ceil(work tiles / SMs), the tiles as the kernel counts them (dispatch.work_tiles)."""
+    return math.ceil(sa.dispatch.work_tiles(b * h, nq, rows) / sms)
 
 
 def sdpa_cudnn(q, k, v, causal: bool):

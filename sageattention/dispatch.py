@@ -465,6 +465,12 @@ SM90_NC3_ROUNDS_KEYS = 512
 SM90_NC3_ROUNDS = 1286
 
 
+def work_tiles(heads: int, len_q: int, rows: int) -> int:
+    """Work tiles of ``rows`` query rows over ``heads`` (B·Hq) heads of ``len_q`` queries, the
+    last of each head partly filled (the Hopper kernel's sm90_tiles; cuDNN's with its tile)."""
+    return heads * -(-len_q // rows)
+
+
 def sm90_rows(heads: int, len_q: int, len_k: int, head_dim: int, sms: int) -> int:
     """Query rows per work tile of the Hopper kernel on a non-causal call of ``heads`` (B·Hq) query
     heads with V in one term, as sm90_consumers (csrc/kernels/attn_sm90_host.cu) chooses them:
@@ -477,7 +483,7 @@ def sm90_rows(heads: int, len_q: int, len_k: int, head_dim: int, sms: int) -> in
         return 192
     if len_k < SM90_NC3_ROUNDS_KEYS or sms <= 0:
         return 128
-    r2, r3 = (-(-heads * -(-len_q // rows) // sms) for rows in (128, 192))
+    r2, r3 = (-(-work_tiles(heads, len_q, rows) // sms) for rows in (128, 192))
     return 192 if SM90_NC3_ROUNDS * r3 < 1000 * r2 else 128
 
 
@@ -494,8 +500,8 @@ def grid_slower(lim: HandOver, heads: int, len_q: int, len_k: int, head_dim: int
     rows (:func:`sm90_rows`) per SM per round and cuDNN one 128-row tile (bench/HANDOVER.md,
     "Rounds of work tiles")."""
     rows = sm90_rows(heads, len_q, len_k, head_dim, lim.sms)
-    ours = round_fill(heads * -(-len_q // rows), lim.sms)
-    cudnn = round_fill(heads * -(-len_q // CUDNN_TILE), lim.sms)
+    ours = round_fill(work_tiles(heads, len_q, rows), lim.sms)
+    cudnn = round_fill(work_tiles(heads, len_q, CUDNN_TILE), lim.sms)
     base = lim.grid_base_long if len_k >= lim.grid_long else lim.grid_base
     return base * cudnn >= 1000 * ours
 

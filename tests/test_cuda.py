@@ -303,9 +303,10 @@ def test_sm90_consumer_count_below_its_key_count_follows_the_rounds(b, h, nq, nk
     want = 2 if causal or terms == 2 else dispatch.sm90_rows(b * h, nq, nk, 128, sms) // 64
     got = {nc for _, nc, _, _ in _sm90_kernels(lambda: fn(q, k, v, is_causal=causal, v_fp8_terms=terms))}
     assert got == {want}
-    if sms == 132:  # H100 SXM / H200: the rounds of the first three shapes as bench/waves.py measured them
-        assert (b, h, nq, nk, causal, terms) != (4, 32, 1024, 1024, False, 1) or want == 3
-        assert (b, h, nq, nk) != (2, 24, 1024, 1024) or want == 2
+    # on 132 SMs (H100 SXM, H200) the counts bench/waves.py measured the faster on these two
+    measured = {(4, 32, 1024, 1024, False, 1): 3, (2, 24, 1024, 1024, False, 1): 2}
+    if sms == 132 and (b, h, nq, nk, causal, terms) in measured:
+        assert want == measured[(b, h, nq, nk, causal, terms)]
 
 
 @pytest.mark.parametrize("d,nq,nk,causal,terms", [(128, 1000, 1000, False, 1), (128, 777, 3000, True, 1),

@@ -86,12 +86,14 @@ def main() -> None:
             for x in order:
                 times[x].append(gpu_us(lambda: sdpa_cudnn(q, k, v, args.causal)) if x == "cudnn" else timed(x, sm90))
         med = {x: statistics.median(t) for x, t in times.items()}
-        rule = 2 if args.causal or args.v_terms == 2 else sa.dispatch.sm90_rows(b * h, n, nk, d, sms) // 64
+        # sm90_rows models non-causal calls with V in one term; the others' switch-overs are key counts
+        # in the header only (SAGE_SM90_NC3_KEYS_CAUSAL and _CAUSAL_V2): no model there
+        rule = None if args.causal or args.v_terms == 2 else sa.dispatch.sm90_rows(b * h, n, nk, d, sms) // 64
         row = {"b": b, "h": h, "n": n, "nk": nk, "d": d, "causal": args.causal, "v_terms": args.v_terms,
                "rounds_two": rounds(b, h, n, 128, sms), "rounds_three": rounds(b, h, n, 192, sms),
                "model": rule, "us": med, "all_us": times}
         rows.append(row)
-        print(f"{b}x{h}x{n}x{nk}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']} model {rule}c  "
+        print(f"{b}x{h}x{n}x{nk}: rounds 2c {row['rounds_two']} 3c {row['rounds_three']} model {rule or '-'}c  "
               + "  ".join(f"{x} {med[x]:.1f}" for x in names)
               + f"  two/three {med['two'] / med['three']:.3f}", flush=True)
         del q, k, v
@@ -102,13 +104,13 @@ def main() -> None:
              f"Command: `python bench/waves.py {' '.join(sys.argv[1:])}`", "",
              "End-to-end GPU time of the sm90 function (µs, do_bench median of the rounds' medians) with three "
              "consumers forced, two forced and as shipped, and SDPA's cuDNN; rounds: ceil(work tiles / SMs); "
-             "model: the consumer count dispatch.sm90_rows gives (below the key switch-over, non-causal, one V term: "
-             "by the rounds; the kernel's own choice, which `shipped` runs).", "",
+             "model: the consumer count dispatch.sm90_rows gives for non-causal calls with V in one term (below the key "
+             "switch-over by the rounds; the kernel's own choice, which `shipped` runs; — for the other calls).", "",
              "| B | H | Nq | Nk | rounds 2c | rounds 3c | model | three | two | shipped | cuDNN | two / three |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["us"]
-        lines.append(f"| {r['b']} | {r['h']} | {r['n']} | {r['nk']} | {r['rounds_two']} | {r['rounds_three']} | {r['model']} | "
+        lines.append(f"| {r['b']} | {r['h']} | {r['n']} | {r['nk']} | {r['rounds_two']} | {r['rounds_three']} | {r['model'] or '—'} | "
                      f"{m['three']:.1f} | {m['two']:.1f} | {m['shipped']:.1f} | {m['cudnn']:.1f} | {m['two'] / m['three']:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -36,7 +36,9 @@ dims 64 and 128 at lengths between multiples of 128 beside the multiples around 
 limits set on it; ``rect-edge`` non-causal calls with Nq != Nk around the limits (L from about
 1200 to 2600 each way, with and without GQA); ``rect-edge-check`` other heads, groups and
 lengths of that kind, to check the length formula set on it; ``rect-long-q`` many queries on few
-keys (4k-32k on 768-1280), where the runs of 2026-11-24 had the kernel ahead at 16k-32k on 1024;
+keys (4k-32k on 768-1280), where the runs of 2026-11-24 had the kernel ahead at 16k-32k on 1024,
+``rect-long-q-check`` other such calls to check dispatch's ``long_q`` on, ``rect-long-q-edges``
+calls with 2-3x as many queries as keys and calls off cuDNN's tile, at the edges of that rule;
 ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
@@ -222,6 +224,18 @@ RECT_LONG_Q_CHECK = [(1, 64, 8, 6144, 1024, 128, False), (1, 64, 8, 3072, 1024, 
                      (1, 32, 32, 8192, 600, 128, False), (4, 24, 24, 3072, 1024, 128, False),
                      (4, 24, 24, 6144, 512, 128, False), (4, 32, 32, 4096, 1024, 96, False),
                      (2, 24, 24, 8192, 768, 96, False), (4, 32, 32, 2048, 640, 128, False)]
+# the check of long_q's two open edges, after rect-long-q-check held long_q = 3 on the H200 at
+# 2ada7e1 (with GQA calls by pairs_gqa): 2-3x as many queries as keys (GQA and not; D 128, 96
+# and 80), where long_q = 2 would keep calls that the length hands over, and lengths off cuDNN's
+# tile under 2^28 pairs, which the rule hands over and the round fill model keeps or not
+RECT_LONG_Q_EDGES = ([(b, h, hkv, nq, nk, 128, False)
+                      for b, h, hkv, nq, nk in ((4, 32, 32, 2560, 1024), (2, 48, 48, 2304, 1152), (4, 24, 24, 3072, 1280),
+                                                (8, 16, 16, 2048, 896), (2, 32, 32, 3328, 1408), (1, 64, 64, 2560, 1152),
+                                                (8, 32, 32, 1536, 768), (4, 32, 8, 2048, 896), (2, 64, 8, 2560, 1024),
+                                                (4, 48, 12, 1792, 768), (8, 16, 2, 2304, 1024), (2, 128, 16, 1536, 640),
+                                                (2, 32, 32, 5000, 1000), (1, 32, 32, 6000, 700), (2, 24, 24, 4000, 900),
+                                                (1, 48, 48, 3500, 1100), (4, 16, 16, 3300, 1000), (1, 32, 32, 9000, 600))]
+                     + [(4, 32, 32, 2560, 1024, 96, False), (4, 32, 32, 2048, 768, 80, False)])
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -376,6 +390,7 @@ SETS = {
     "rect-edge-check": RECT_EDGE_CHECK,
     "rect-long-q": RECT_LONG_Q,
     "rect-long-q-check": RECT_LONG_Q_CHECK,
+    "rect-long-q-edges": RECT_LONG_Q_EDGES,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -100,8 +100,8 @@ class HandOver(NamedTuple):
     and cuDNN's 128-row ones leave different shares of ``sms`` idle in their last round.
     Where ``long_q`` is set (0: nowhere), non-causal calls (not causal ones with fewer keys) at
     head dims 65-128 with :data:`SM90_NC3_ROUNDS_KEYS` up to :data:`SM90_NC3_KEYS` keys and at
-    least ``long_q`` times as many queries are short only below ``pairs``, whatever their
-    length: the kernel runs most such
+    least ``long_q`` times as many queries are short only below ``pairs`` (``pairs_gqa`` with GQA),
+    whatever their length: the kernel runs most such
     calls on three consumers (:func:`sm90_rows`) and passes cuDNN at shorter lengths there
     (bench/HANDOVER.md, "Decode, cross-attention and Nq ≠ Nk": measured, not yet checked).
     Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
@@ -528,7 +528,10 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     n = batch * heads_q * len_q * len_k
     if (lim.long_q and not kernel_causal and 64 < head_dim <= 128 and SM90_NC3_ROUNDS_KEYS <= len_k < SM90_NC3_KEYS
             and len_q >= lim.long_q * len_k):
-        return n < lim.pairs  # many queries on few keys (three consumers, sm90_rows): the pair limit alone
+        # many queries on few keys (three consumers, sm90_rows): the pair limit alone, GQA's where
+        # the call is GQA (its K and V quantized for fewer heads); off cuDNN's tile the aligned
+        # calls' (the round fill model was not fitted on such calls)
+        return n < (lim.pairs_gqa if gqa else lim.pairs)
     # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
     if 2 * len_q * len_k < length * (len_q + len_k) or n < pairs:
         return True

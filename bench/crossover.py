@@ -38,7 +38,8 @@ limits set on it; ``rect-edge`` non-causal calls with Nq != Nk around the limits
 lengths of that kind, to check the length formula set on it; ``rect-long-q`` many queries on few
 keys (4k-32k on 768-1280), where the runs of 2026-11-24 had the kernel ahead at 16k-32k on 1024,
 ``rect-long-q-check`` other such calls to check dispatch's ``long_q`` on, ``rect-long-q-edges``
-calls with 2-3x as many queries as keys and calls off cuDNN's tile, at the edges of that rule;
+calls with 2-3x as many queries as keys and calls off cuDNN's tile, at the edges of that rule,
+``rect-long-q-edges-check`` other such calls, to check the edges moved on it;
 ``odd-dims`` head dims that are
 not multiples of 8 (60, 100, 140, 188, 250), which cuDNN does not run (SDPA runs flash), and
 ``odd-dims-small`` the same head dims on small and decode-like calls;
@@ -236,6 +237,18 @@ RECT_LONG_Q_EDGES = ([(b, h, hkv, nq, nk, 128, False)
                                                 (2, 32, 32, 5000, 1000), (1, 32, 32, 6000, 700), (2, 24, 24, 4000, 900),
                                                 (1, 48, 48, 3500, 1100), (4, 16, 16, 3300, 1000), (1, 32, 32, 9000, 600))]
                      + [(4, 32, 32, 2560, 1024, 96, False), (4, 32, 32, 2048, 768, 80, False)])
+# rect-long-q-edges moved both edges (H200, f02ad34): long_q 2 and, off cuDNN's tile, the rule by
+# pairs_unaligned; checked on shapes no run had: 2-3x as many queries as keys on both sides of
+# 2^28 pairs (GQA: 2^27), off the tile on both sides of 11 x 2^23, D 112 and 80, and one call
+# under 2x (the rule's outside)
+RECT_LONG_Q_EDGES_CHECK = ([(b, h, hkv, nq, nk, 128, False)
+                            for b, h, hkv, nq, nk in ((2, 40, 40, 2304, 1024), (3, 32, 32, 2560, 1152), (1, 96, 96, 2048, 1024),
+                                                      (6, 16, 16, 2816, 1280), (4, 32, 4, 2304, 896), (1, 64, 16, 2048, 768),
+                                                      (2, 32, 8, 1792, 640), (1, 96, 12, 2560, 1152), (2, 40, 8, 2048, 896),
+                                                      (1, 24, 24, 5000, 800), (1, 16, 16, 7000, 700), (2, 16, 16, 3000, 1200),
+                                                      (1, 40, 40, 2500, 1100), (3, 8, 8, 6100, 610), (1, 28, 28, 4500, 1000),
+                                                      (4, 32, 32, 1920, 1024))]
+                           + [(4, 32, 32, 2560, 1152, 112, False), (2, 32, 32, 4000, 1000, 80, False)])
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)
@@ -391,6 +404,7 @@ SETS = {
     "rect-long-q": RECT_LONG_Q,
     "rect-long-q-check": RECT_LONG_Q_CHECK,
     "rect-long-q-edges": RECT_LONG_Q_EDGES,
+    "rect-long-q-edges-check": RECT_LONG_Q_EDGES_CHECK,
     "odd-dims": ODD_DIMS,
     "odd-dims-small": ODD_DIMS_SMALL,
     "causal-rect": CAUSAL_RECT,

@@ -528,10 +528,9 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     n = batch * heads_q * len_q * len_k
     if (lim.long_q and not kernel_causal and 64 < head_dim <= 128 and SM90_NC3_ROUNDS_KEYS <= len_k < SM90_NC3_KEYS
             and len_q >= lim.long_q * len_k):
-        # many queries on few keys (three consumers, sm90_rows): the pair limit alone, GQA's where
-        # the call is GQA (its K and V quantized for fewer heads); off cuDNN's tile the aligned
-        # calls' (the round fill model was not fitted on such calls)
-        return n < (lim.pairs_gqa if gqa else lim.pairs)
+        # many queries on few keys (three consumers, sm90_rows): the pair limit of the call's kind
+        # alone (GQA's, or off cuDNN's tile pairs_unaligned), not the length nor the round fill model
+        return n < pairs
     # L < length, without the division: 2 Nq Nk < length (Nq + Nk)
     if 2 * len_q * len_k < length * (len_q + len_k) or n < pairs:
         return True

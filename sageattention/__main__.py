@@ -91,7 +91,8 @@ def hand_over_text(s: "dispatch.HandOver") -> str:
                      "(dispatch.grid_slower)")
     if s.long_q:
         lines.append(f"    non-causal, 64 < D <= 128, {dispatch.SM90_NC3_ROUNDS_KEYS} to {dispatch.SM90_NC3_KEYS - 1} keys and "
-                     f"{s.long_q}x as many queries or more: only B*H*Nq*Nk below {_count(s.pairs)}")
+                     f"{s.long_q}x as many queries or more: by the second number of their cell alone (B*H*Nq*Nk), "
+                     "whatever the length")
     lines.append("    head dims that are not multiples of 8: never (SDPA runs those on flash, slower)")
     lines.append(f"  with return_lse only head dims that are multiples of 8 up to {s.lse_head_dim} "
                  f"(cuDNN {dispatch._cudnn_version() or 'not found'}), two keys or more (o and the LSE from torch's cuDNN "

@@ -100,10 +100,12 @@ class HandOver(NamedTuple):
     and cuDNN's 128-row ones leave different shares of ``sms`` idle in their last round.
     Where ``long_q`` is set (0: nowhere), non-causal calls (not causal ones with fewer keys) at
     head dims 65-128 with :data:`SM90_NC3_ROUNDS_KEYS` up to :data:`SM90_NC3_KEYS` keys and at
-    least ``long_q`` times as many queries are short only below ``pairs`` (``pairs_gqa`` with GQA),
-    whatever their length: the kernel runs most such
-    calls on three consumers (:func:`sm90_rows`) and passes cuDNN at shorter lengths there
-    (bench/HANDOVER.md, "Decode, cross-attention and Nq ≠ Nk": measured, not yet checked).
+    least ``long_q`` times as many queries (:func:`long_q_call`) are short only below the pair
+    limit of their kind (``pairs``, ``pairs_gqa`` with GQA, ``pairs_unaligned`` off the tile),
+    whatever their length: the kernel runs most such calls on three consumers
+    (:func:`sm90_rows`) and passes cuDNN at shorter lengths there (bench/HANDOVER.md, "Decode,
+    cross-attention and Nq ≠ Nk"; the H200's 2, chosen on the rect-long-q sets and checked on
+    ``rect-long-q-edges-check``).
     Calls at head dims that are not multiples of 8 are never short: SDPA runs them on flash only,
     padded, slower than the kernel at every measured size (:func:`goes_to_sdpa`).
     Calls with ``return_lse`` go by the same limits where their head dim is a multiple of 8 up to
@@ -190,11 +192,12 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_
 #: ``short-h200-check`` (b4ae6b0), at D=64 to 896 and off the tile on few heads a pair limit of
 #: 2^27 on ``short-gqa-d64`` and ``unaligned-pairs`` (a974ba0), since 11 x 2^23 with the round
 #: fill model (grid_slower) above it, fitted on its runs and ``fill-check`` (56400b3) and checked on
-#: ``grid-check``; at 129-192 on the wide GQA sets; bench/HANDOVER.md, "The H200's row"). The
-#: GH200 keeps the H100's row: not measured.
+#: ``grid-check``; at 129-192 on the wide GQA sets; many queries on 512-1535 keys by the pair
+#: limits alone, long_q, on the rect-long-q sets (17125cf); bench/HANDOVER.md, "The H200's row").
+#: The GH200 keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1216, length_gqa_d64=896, length_gqa_aligned=1536,
                                 pairs_unaligned=11 << 23, pairs_gqa=1 << 27,
-                                grid_base=900, grid_base_long=770, grid_long=4096,
+                                grid_base=900, grid_base_long=770, grid_long=4096, long_q=2,
                                 length_192_gqa=1344, length_192_gqa_aligned=1664, pairs_192_gqa=3 << 26)
 
 _GH100 = r"\b(H100|H800|H200|GH200)\b"
@@ -506,6 +509,14 @@ def grid_slower(lim: HandOver, heads: int, len_q: int, len_k: int, head_dim: int
     return base * cudnn >= 1000 * ours
 
 
+def long_q_call(lim: HandOver, len_q: int, len_k: int, head_dim: int, causal: bool) -> bool:
+    """Whether :func:`short_call` takes a call by ``lim.long_q`` (many queries on few keys; 0:
+    never): non-causal, head dim 65-128, :data:`SM90_NC3_ROUNDS_KEYS` up to :data:`SM90_NC3_KEYS`
+    keys and at least ``long_q`` times as many queries."""
+    return bool(lim.long_q and not causal and 64 < head_dim <= 128 and SM90_NC3_ROUNDS_KEYS <= len_k < SM90_NC3_KEYS
+                and len_q >= lim.long_q * len_k)
+
+
 def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_k: int, head_dim: int,
                causal: bool, heads_kv: Optional[int] = None) -> bool:
     """Whether a call is too small for the quantized kernel by the :class:`HandOver` ``limits``
@@ -526,8 +537,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     aligned = len_q % CUDNN_TILE == 0 and len_k % CUDNN_TILE == 0
     length, pairs = call_limits(lim, head_dim, causal, gqa, aligned, causal and len_q >= lim.length_causal_long)
     n = batch * heads_q * len_q * len_k
-    if (lim.long_q and not kernel_causal and 64 < head_dim <= 128 and SM90_NC3_ROUNDS_KEYS <= len_k < SM90_NC3_KEYS
-            and len_q >= lim.long_q * len_k):
+    if long_q_call(lim, len_q, len_k, head_dim, kernel_causal):
         # many queries on few keys (three consumers, sm90_rows): the pair limit of the call's kind
         # alone (GQA's, or off cuDNN's tile pairs_unaligned), not the length nor the round fill model
         return n < pairs

@@ -463,6 +463,9 @@ ROUTED_RUNS.update({"2026-11-24-NVIDIA_H100_80GB_HBM3-1389d44-crossover": 60,
                     "2026-11-24-NVIDIA_H200-4131a19-crossover": 60,
                     "2026-11-24-NVIDIA_H200-f331d83-crossover-square": 48,
                     "2026-11-24-NVIDIA_H200-f331d83-crossover-rect-check": 46,
+                    # both sets again on the H200 after long_q was set (08891e3): none of its 46
+                    # calls more than 6 % off, 5 without long_q
+                    "2026-11-29-NVIDIA_H200-08891e3-crossover-rect-check": 46,
                     # causal, Nq != Nk: before (8b3577e) and after (abe33cf) sageattn dropped the
                     # keys no query sees; SDPA's flash backend refuses these shapes
                     "2026-11-24-NVIDIA_H100_80GB_HBM3-8b3577e-crossover-causal-rect": 18,
@@ -588,7 +591,7 @@ def _two_consumer_row(r: dict) -> bool:
 # long_q rule routes, set on these, timed two consumers there
 ROUNDS_RULE_RUNS = {f"2026-11-29-NVIDIA_H200-{run}" for run in (
     "2b17f9a-crossover-rect-long-q", "2ada7e1-crossover-rect-long-q-check", "2ada7e1-crossover-rect-edge-check",
-    "f02ad34-crossover-rect-long-q-edges", "17125cf-crossover-rect-long-q-edges-check")}
+    "f02ad34-crossover-rect-long-q-edges", "17125cf-crossover-rect-long-q-edges-check", "08891e3-crossover-rect-check")}
 
 
 def _long_q_row_before_rounds(run: str, r: dict) -> bool:
@@ -1053,9 +1056,9 @@ LONG_Q_RUNS = {"2026-11-29-NVIDIA_H200-2b17f9a-crossover-rect-long-q": 24,
                "2026-11-29-NVIDIA_H200-17125cf-crossover-rect-long-q-edges-check": 18}
 
 
-def test_long_q_runs_are_the_rounds_rule_runs():
+def test_long_q_runs_are_rounds_rule_runs():
     """The runs that set long_q timed today's kernel (none of their rows is exempted)."""
-    assert set(LONG_Q_RUNS) == ROUNDS_RULE_RUNS
+    assert set(LONG_Q_RUNS) < ROUNDS_RULE_RUNS
 
 
 def test_long_q_limit_holds_on_the_runs_of_the_three_consumer_kernel():
@@ -1074,6 +1077,10 @@ def test_long_q_limit_holds_on_the_runs_of_the_three_consumer_kernel():
     assert off == 0 and worst <= 1.03 and mean <= 0.006, (mean, worst, off)
     for replace in ({"long_q": 3}, {"long_q": 0}):
         assert _cost_over_runs(check, ok, replace)[3] >= 3, replace
+    # and the rect and check sets after it (08891e3, in ROUTED_RUNS): 5 of 46 calls off without it
+    after = {"2026-11-29-NVIDIA_H200-08891e3-crossover-rect-check": 46}
+    assert _cost_over_runs(after, lambda r: True)[3] == 0
+    assert _cost_over_runs(after, lambda r: True, {"long_q": 0})[3] >= 5
 
 
 # Non-causal calls with Nq != Nk around the limits (crossover.py's ``rect-edge`` sets, fewer

@@ -192,9 +192,9 @@ GH100_OTHERS = GH100_SM90._replace(head_dim_above=128, **_CAUSAL_BEFORE_NC3, **_
 #: ``short-h200-check`` (b4ae6b0), at D=64 to 896 and off the tile on few heads a pair limit of
 #: 2^27 on ``short-gqa-d64`` and ``unaligned-pairs`` (a974ba0), since 11 x 2^23 with the round
 #: fill model (grid_slower) above it, fitted on its runs and ``fill-check`` (56400b3) and checked on
-#: ``grid-check``; at 129-192 on the wide GQA sets; many queries on 512-1535 keys by the pair
-#: limits alone, long_q, on the rect-long-q sets (17125cf); bench/HANDOVER.md, "The H200's row").
-#: The GH200 keeps the H100's row: not measured.
+#: ``grid-check``; at 129-192 on the wide GQA sets; bench/HANDOVER.md, "The H200's row"; and many
+#: queries on 512-1535 keys by the pair limits alone, long_q, on the rect-long-q sets, ibid.,
+#: "Decode, cross-attention and Nq ≠ Nk"). The GH200 keeps the H100's row: not measured.
 H200_SM90 = GH100_SM90._replace(length_unaligned=1472, length_gqa=1216, length_gqa_d64=896, length_gqa_aligned=1536,
                                 pairs_unaligned=11 << 23, pairs_gqa=1 << 27,
                                 grid_base=900, grid_base_long=770, grid_long=4096, long_q=2,

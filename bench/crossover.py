@@ -214,41 +214,45 @@ RECT_EDGE_CHECK = [(b, h, hkv, nq, nk, d, False) for d in (128, 64)
 # and keys alike would hand over
 RECT_LONG_Q = [(b, h, h, nq, nk, 128, False) for b, h in ((2, 24), (4, 32)) for nq in (4096, 8192, 16384, 32768)
                for nk in (768, 1024, 1280)]
+
+
+def non_causal(d, calls):
+    """Non-causal shapes (b, h, h_kv, nq, nk, d, False) at head dim ``d`` from (b, h, h_kv, nq, nk)."""
+    return [(b, h, hkv, nq, nk, d, False) for b, h, hkv, nq, nk in calls]
+
+
 # the check of a rule for many queries on few keys, chosen on rect-long-q and rect-edge at 2b17f9a
 # after the kernel took three consumers below 1536 keys where they take fewer rounds (bench/
 # HANDOVER.md): other heads, groups, head dims (96) and lengths; queries 2.4-19x the keys, 512-1408
 # keys, on both sides of the rule's 3x and 2^28 pairs
-RECT_LONG_Q_CHECK = [(1, 64, 8, 6144, 1024, 128, False), (1, 64, 8, 3072, 1024, 128, False),
-                     (2, 40, 40, 3584, 1152, 128, False), (2, 40, 40, 2816, 1152, 128, False),
-                     (2, 40, 40, 12288, 640, 128, False), (8, 16, 4, 4096, 896, 128, False),
-                     (8, 16, 4, 2560, 896, 128, False), (1, 32, 32, 16384, 1408, 128, False),
-                     (1, 32, 32, 8192, 600, 128, False), (4, 24, 24, 3072, 1024, 128, False),
-                     (4, 24, 24, 6144, 512, 128, False), (4, 32, 32, 4096, 1024, 96, False),
-                     (2, 24, 24, 8192, 768, 96, False), (4, 32, 32, 2048, 640, 128, False)]
+RECT_LONG_Q_CHECK = (non_causal(128, ((1, 64, 8, 6144, 1024), (1, 64, 8, 3072, 1024), (2, 40, 40, 3584, 1152),
+                                      (2, 40, 40, 2816, 1152), (2, 40, 40, 12288, 640), (8, 16, 4, 4096, 896),
+                                      (8, 16, 4, 2560, 896), (1, 32, 32, 16384, 1408), (1, 32, 32, 8192, 600),
+                                      (4, 24, 24, 3072, 1024), (4, 24, 24, 6144, 512)))
+                     + non_causal(96, ((4, 32, 32, 4096, 1024), (2, 24, 24, 8192, 768)))
+                     + non_causal(128, ((4, 32, 32, 2048, 640),)))
 # the check of long_q's two open edges, after rect-long-q-check held long_q = 3 on the H200 at
 # 2ada7e1 (with GQA calls by pairs_gqa): 2-3x as many queries as keys (GQA and not; D 128, 96
 # and 80), where long_q = 2 would keep calls that the length hands over, and lengths off cuDNN's
 # tile under 2^28 pairs, which the rule hands over and the round fill model keeps or not
-RECT_LONG_Q_EDGES = ([(b, h, hkv, nq, nk, 128, False)
-                      for b, h, hkv, nq, nk in ((4, 32, 32, 2560, 1024), (2, 48, 48, 2304, 1152), (4, 24, 24, 3072, 1280),
-                                                (8, 16, 16, 2048, 896), (2, 32, 32, 3328, 1408), (1, 64, 64, 2560, 1152),
-                                                (8, 32, 32, 1536, 768), (4, 32, 8, 2048, 896), (2, 64, 8, 2560, 1024),
-                                                (4, 48, 12, 1792, 768), (8, 16, 2, 2304, 1024), (2, 128, 16, 1536, 640),
-                                                (2, 32, 32, 5000, 1000), (1, 32, 32, 6000, 700), (2, 24, 24, 4000, 900),
-                                                (1, 48, 48, 3500, 1100), (4, 16, 16, 3300, 1000), (1, 32, 32, 9000, 600))]
-                     + [(4, 32, 32, 2560, 1024, 96, False), (4, 32, 32, 2048, 768, 80, False)])
+RECT_LONG_Q_EDGES = (non_causal(128, ((4, 32, 32, 2560, 1024), (2, 48, 48, 2304, 1152), (4, 24, 24, 3072, 1280),
+                                      (8, 16, 16, 2048, 896), (2, 32, 32, 3328, 1408), (1, 64, 64, 2560, 1152),
+                                      (8, 32, 32, 1536, 768), (4, 32, 8, 2048, 896), (2, 64, 8, 2560, 1024),
+                                      (4, 48, 12, 1792, 768), (8, 16, 2, 2304, 1024), (2, 128, 16, 1536, 640),
+                                      (2, 32, 32, 5000, 1000), (1, 32, 32, 6000, 700), (2, 24, 24, 4000, 900),
+                                      (1, 48, 48, 3500, 1100), (4, 16, 16, 3300, 1000), (1, 32, 32, 9000, 600)))
+                     + non_causal(96, ((4, 32, 32, 2560, 1024),)) + non_causal(80, ((4, 32, 32, 2048, 768),)))
 # rect-long-q-edges moved both edges (H200, f02ad34): long_q 2 and, off cuDNN's tile, the rule by
 # pairs_unaligned; checked on shapes no run had: 2-3x as many queries as keys on both sides of
 # 2^28 pairs (GQA: 2^27), off the tile on both sides of 11 x 2^23, D 112 and 80, and one call
 # under 2x (the rule's outside)
-RECT_LONG_Q_EDGES_CHECK = ([(b, h, hkv, nq, nk, 128, False)
-                            for b, h, hkv, nq, nk in ((2, 40, 40, 2304, 1024), (3, 32, 32, 2560, 1152), (1, 96, 96, 2048, 1024),
-                                                      (6, 16, 16, 2816, 1280), (4, 32, 4, 2304, 896), (1, 64, 16, 2048, 768),
-                                                      (2, 32, 8, 1792, 640), (1, 96, 12, 2560, 1152), (2, 40, 8, 2048, 896),
-                                                      (1, 24, 24, 5000, 800), (1, 16, 16, 7000, 700), (2, 16, 16, 3000, 1200),
-                                                      (1, 40, 40, 2500, 1100), (3, 8, 8, 6100, 610), (1, 28, 28, 4500, 1000),
-                                                      (4, 32, 32, 1920, 1024))]
-                           + [(4, 32, 32, 2560, 1152, 112, False), (2, 32, 32, 4000, 1000, 80, False)])
+RECT_LONG_Q_EDGES_CHECK = (non_causal(128, ((2, 40, 40, 2304, 1024), (3, 32, 32, 2560, 1152), (1, 96, 96, 2048, 1024),
+                                            (6, 16, 16, 2816, 1280), (4, 32, 4, 2304, 896), (1, 64, 16, 2048, 768),
+                                            (2, 32, 8, 1792, 640), (1, 96, 12, 2560, 1152), (2, 40, 8, 2048, 896),
+                                            (1, 24, 24, 5000, 800), (1, 16, 16, 7000, 700), (2, 16, 16, 3000, 1200),
+                                            (1, 40, 40, 2500, 1100), (3, 8, 8, 6100, 610), (1, 28, 28, 4500, 1000),
+                                            (4, 32, 32, 1920, 1024)))
+                           + non_causal(112, ((4, 32, 32, 2560, 1152),)) + non_causal(80, ((2, 32, 32, 4000, 1000),)))
 # head dims cuDNN does not run (not multiples of 8), where SDPA runs flash: one for each band of
 # the limits (padded to 64, to 128, 192 of 256 columns, 256), N around and below their lengths
 ODD_DIMS = ([(4, 32, 32, n, n, d, c) for d in (60, 100, 140, 188, 250) for c in (False, True)

@@ -6,9 +6,10 @@ D=128's kernel and writes pairs up to its last column),
 N in {1, 17, 1000, 4097}, causal and not, each PV accumulation mode, GQA; and 40 heads at
 N=1000 (more work tiles than SMs; on the Hopper kernel at D 96 and 128, non-causal, three
 consumer warpgroups on 1000 keys, as dispatch.sm90_rows has them on 132 SMs); for the Hopper
-kernel also 10 query heads on 2 K/V heads at N=2400 (D=128: CTA pairs across query heads) and 2 heads at N=150 (one 192-row tile; counted over
-the 128-row padding they were two, the second wholly past the queries). Above 128 keys the last KV head's V has an outlier on a
-key outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
+kernel also 10 query heads on 2 K/V heads at N=2400 (D=128: CTA pairs across query heads)
+and 2 heads at N=150 (one 192-row tile; counted over the 128-row padding they were two, the
+second wholly past the queries). Above 128 keys the last KV head's V has an outlier on a key
+outside quant_qkv's 128-key sample, so the fp8 families' V-scale fallback runs too: in
 the statistics (these V fit in L2) and, from a direct quant_qkv call, in the quantization
 kernel (the last tile of each 32-channel group).
 

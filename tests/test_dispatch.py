@@ -599,7 +599,7 @@ def _long_q_row_before_rounds(run: str, r: dict) -> bool:
     long_q and that the kernel runs on three consumers today (not then)."""
     if run in ROUNDS_RULE_RUNS:
         return False
-    lim = dispatch.hand_over_for((9, 0), run.split("-")[3].replace("_", " "), "cuda_sm90")  # the GPU in its name
+    lim = _limits_on(run.split("-")[3].replace("_", " "))  # the GPU in the run's file name
     return (dispatch.long_q_call(lim, r["nq"], r["nk"], r["d"], r["causal"])
             and dispatch.sm90_rows(r["b"] * r["h"], r["nq"], r["nk"], r["d"], lim.sms) == 192)
 
@@ -673,11 +673,16 @@ ROUTE_COST.update({(f"2026-11-24-NVIDIA_H100_80GB_HBM3-{run}", shape): cost for 
 # kernel on two consumers, _long_q_row_before_rounds)
 
 
+def _limits_on(device: str) -> dispatch.HandOver:
+    """The Hopper kernel's limits on a GPU by its name."""
+    limits = dispatch.hand_over_for((9, 0), device, "cuda_sm90")
+    assert limits is not None, device
+    return limits
+
+
 def _limits_of(run: dict) -> dispatch.HandOver:
     """The Hopper kernel's limits on the GPU a recorded run was measured on (by its name)."""
-    limits = dispatch.hand_over_for((9, 0), run["device"], "cuda_sm90")
-    assert limits is not None, run["device"]
-    return limits
+    return _limits_on(run["device"])
 
 
 def _shape(r: dict) -> tuple:

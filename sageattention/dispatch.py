@@ -14,7 +14,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -369,18 +369,27 @@ def _sm_count(device) -> Optional[int]:
 
 
 _warned: set = set()
-_cache: Dict[tuple, Choice] = {}  # keys (capability, GPU name) and ("device", type, index)
+#: choose's Choices by (capability, GPU name) and ("device", type, index); chosen's constants by
+#: ("chosen", type, index)
+_cache: Dict[tuple, Any] = {}
 
 
-def choose(device: torch.device) -> Choice:
-    """The backend ``sageattn`` runs on ``device``, warning once per GPU kind on a fallback."""
-    # by device first: reading the capability costs more than the rest of a short call's checks
+def _device_key(device) -> Tuple[torch.device, tuple]:
+    """``device`` as a torch.device, and the key of its entries in ``_cache`` (an index-less
+    "cuda" is the current device)."""
     if not isinstance(device, torch.device):
         device = torch.device(device)
     index = device.index
     if index is None and device.type == "cuda":
         index = torch.cuda.current_device()
-    dkey = ("device", device.type, index)
+    return device, (device.type, index)
+
+
+def choose(device: torch.device) -> Choice:
+    """The backend ``sageattn`` runs on ``device``, warning once per GPU kind on a fallback."""
+    # by device first: reading the capability costs more than the rest of a short call's checks
+    device, where = _device_key(device)
+    dkey = ("device",) + where
     cached = _cache.get(dkey)
     if cached is not None:
         return cached
@@ -411,9 +420,15 @@ def choose(device: torch.device) -> Choice:
 def chosen(device: torch.device) -> Tuple[str, Tuple[Tuple[str, str], ...], Optional[Tuple[int, ...]]]:
     """``choose`` as constants (backend name, option pairs, hand_over as a plain tuple):
     torch.compile folds the decision into the graph instead of tracing the environment checks
-    behind it."""
-    c = choose(device)
-    return c.backend, tuple(sorted(c.options.items())), tuple(c.hand_over) if c.hand_over is not None else None
+    behind it. Built once per device (``_cache``), as every sageattn call asks."""
+    device, where = _device_key(device)
+    ckey = ("chosen",) + where
+    hit = _cache.get(ckey)
+    if hit is None:
+        c = choose(device)
+        hit = _cache[ckey] = (c.backend, tuple(sorted(c.options.items())),
+                              tuple(c.hand_over) if c.hand_over is not None else None)
+    return hit
 
 
 def on_tile(length: int, length_aligned: int, aligned: bool) -> int:
@@ -528,7 +543,8 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md); so
     does the round fill model (:func:`grid_slower`) where it applies, not measured for them."""
-    lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
+    # (chosen() passes the limits as a plain tuple; goes_to_sdpa passes its HandOver on)
+    lim = limits if type(limits) is HandOver else HandOver(*limits)
     gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
     kernel_causal = causal  # the kernel runs causal calls on its causal consumer counts, whatever the lengths
     if causal:

@@ -1471,7 +1471,8 @@ def test_hand_over_leaves_the_callers_sdpa_settings_as_they_were(monkeypatch):
 
 
 @pytest.mark.parametrize("view", ["contiguous", "nhd-transposed", "packed-heads", "odd-offset", "odd-row-stride",
-                                  "expanded-heads"])
+                                  "expanded-heads", "contiguous-odd-start", "contiguous-8-byte-rows",
+                                  "contiguous-size-one-dims"])
 def test_cudnn_ready_copies_only_what_cudnn_cannot_read(view):
     """SDPA's cuDNN attention needs a 16-byte aligned start and 16-byte multiples for every stride
     but the last; torch's check does not test this (on an H100 such views gave garbage, a cuDNN
@@ -1489,13 +1490,22 @@ def test_cudnn_ready_copies_only_what_cudnn_cannot_read(view):
         "odd-offset": base[:, :, :4, 1:65].transpose(1, 2),  # start 2 bytes past 16
         "odd-row-stride": torch.randn(2, 4, 48, 67, generator=g).to(torch.bfloat16)[..., :64],  # 134-byte rows
         "expanded-heads": torch.randn(2, 1, 48, 64, generator=g).to(torch.bfloat16).expand(2, 4, 48, 64),
+        # contiguous (the one-call path) but starting 2 bytes past 16, or with 8-byte rows (D=4)
+        "contiguous-odd-start": torch.randn(2 * 4 * 48 * 64 + 1, generator=g).to(torch.bfloat16)[1:].view(2, 4, 48, 64),
+        "contiguous-8-byte-rows": torch.randn(2, 4, 48, 4, generator=g).to(torch.bfloat16),
+        # contiguous to torch, which ignores the strides of dims of size 1 (an odd one here): readable
+        "contiguous-size-one-dims": torch.randn(4 * 48 * 64, generator=g).to(torch.bfloat16).as_strided(
+            (1, 4, 48, 64), (3, 48 * 64, 64, 1)),
     }
     t = views[view]
+    assert t.is_contiguous() == view.startswith("contiguous")
     got = _sdpa.cudnn_ready(t)
-    aligned = view in ("contiguous", "nhd-transposed", "packed-heads")
+    aligned = view in ("contiguous", "nhd-transposed", "packed-heads", "contiguous-size-one-dims")
     assert (got is t) == aligned
     assert torch.equal(got, t) and got.data_ptr() % 16 == 0
-    assert all(s * 2 % 16 == 0 for s in got.stride()[:-1]) and got.stride(-1) == 1
+    if view == "contiguous-8-byte-rows":  # no copy can make D=4 rows readable (sageattn never hands D=4 over)
+        return
+    assert all(s * 2 % 16 == 0 or n == 1 for s, n in zip(got.stride()[:-1], got.shape[:-1])) and got.stride(-1) == 1
 
 
 def test_hand_over_copies_misaligned_views(monkeypatch):

@@ -9,7 +9,8 @@ call is then what the CPU spends (checks, dispatch, the op calls, the launches);
 do_bench median of three (a call whose host time exceeds its GPU time is host-bound, and do_bench
 then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
 On an H100 sageattn hands these shapes to SDPA (dispatch.HAND_OVER), so its rows time that route,
-beside SDPA called bare and inside sdpa_kernel, the hand-over through sdpa_kernel (_sdpa.py), and
+beside SDPA called bare and inside sdpa_kernel, the hand-over through sdpa_kernel (_sdpa.py), the
+hand-over's own SDPA call (_sdpa.sdpa: what sageattn adds to it is its checks and decision), and
 with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse).
 """
 
@@ -53,6 +54,9 @@ def _sdpa_rows(q, k, v):
             _sdpa._STATE = state
 
     rows["sageattn, hand-over through sdpa_kernel"] = old_path
+    if hasattr(_sdpa, "sdpa"):  # the hand-over's SDPA call alone: sageattn's time less this is its checks
+        scale = q.shape[-1] ** -0.5
+        rows["_sdpa.sdpa (the hand-over's SDPA call alone)"] = lambda: _sdpa.sdpa(q, k, v, False, scale, False)
     if hasattr(_sdpa, "sdpa_lse"):  # the LSE hand-over: torch's cuDNN operator, its check first
         rows["_sdpa.sdpa_lse (cuDNN with the LSE)"] = lambda: _sdpa.sdpa_lse(q, k, v, False, q.shape[-1] ** -0.5)
     return rows

@@ -524,6 +524,12 @@ def grid_slower(lim: HandOver, heads: int, len_q: int, len_k: int, head_dim: int
     return base * cudnn >= 1000 * ours
 
 
+def as_hand_over(limits: Sequence[int]) -> HandOver:
+    """``limits`` as a :class:`HandOver`: chosen() passes them as a plain tuple (a constant to
+    torch.compile), goes_to_sdpa passes its HandOver on to short_call."""
+    return limits if isinstance(limits, HandOver) else HandOver(*limits)
+
+
 def long_q_call(lim: HandOver, len_q: int, len_k: int, head_dim: int, causal: bool) -> bool:
     """Whether :func:`short_call` takes a call by ``lim.long_q`` (many queries on few keys; 0:
     never): non-causal, head dim 65-128, :data:`SM90_NC3_ROUNDS_KEYS` up to :data:`SM90_NC3_KEYS`
@@ -543,8 +549,7 @@ def short_call(limits: Sequence[int], batch: int, heads_q: int, len_q: int, len_
     most rows see every key, and the non-causal limits put all 9 measured shapes on their
     faster side (the ``causal-rect`` set, bench/results/…-8b3577e-crossover-causal-rect.md); so
     does the round fill model (:func:`grid_slower`) where it applies, not measured for them."""
-    # (chosen() passes the limits as a plain tuple; goes_to_sdpa passes its HandOver on)
-    lim = limits if type(limits) is HandOver else HandOver(*limits)
+    lim = as_hand_over(limits)
     gqa = heads_q >= GQA_GROUP * (heads_kv or heads_q)
     kernel_causal = causal  # the kernel runs causal calls on its causal consumer counts, whatever the lengths
     if causal:
@@ -594,7 +599,7 @@ def goes_to_sdpa(limits: Optional[Sequence[int]], dims, causal: bool, return_lse
     keep our kernel."""
     if limits is None:
         return False
-    lim = HandOver(*limits)  # (chosen() passes the limits as a plain tuple)
+    lim = as_hand_over(limits)
     if return_lse and not lse_to_sdpa(dims, lim.lse_head_dim):
         return False
     if dims.head_dim > lim.head_dim_above:

@@ -3,6 +3,7 @@
 
     python bench/host_overhead.py [ROOT] [LABEL]     ROOT: the directory holding sageattention/
                                                      (default: this checkout); LABEL: the first column
+    HOST_SHAPES=4x32x1024x64,1x16x512x128 python bench/host_overhead.py ...   (only these shapes)
 
 Host µs/call: the GPU is held busy by a sleep kernel while 50 calls are queued; the wall time per
 call is then what the CPU spends (checks, dispatch, the op calls, the launches); best of 5. GPU µs:
@@ -11,9 +12,12 @@ then measures the host). Prints Markdown rows: label, B x H x N x D, call, host 
 On an H100 sageattn hands these shapes to SDPA (dispatch.HAND_OVER), so its rows time that route,
 beside SDPA called bare and inside sdpa_kernel, the hand-over through sdpa_kernel (_sdpa.py), the
 hand-over's own SDPA call (_sdpa.sdpa: what sageattn adds to it is its checks and decision), and
-with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse).
+with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse). The sm90 function's
+call is split too: its two op calls alone (quant_qkv, then attn on its outputs) and the function
+with both ops replaced by stubs returning those outputs (its Python part).
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -62,8 +66,58 @@ def _sdpa_rows(q, k, v):
     return rows
 
 
+def _op_rows(q, k, v):
+    """The sm90 function's two custom-op calls alone, with the arguments it passes for these
+    inputs (HND, non-causal, per-thread scales, K smoothed), and the function with both ops
+    replaced by stubs that return those calls' outputs: its Python part."""
+    try:
+        from sageattention import _cuda
+        from sageattention._ops import ops
+
+        op = ops(_cuda.SM90)
+    except (ImportError, RuntimeError, AttributeError):
+        return {}
+    b, h, n, d = q.shape
+    dp, npad = _cuda.padded_head_dim(d), -(-n // 128) * 128
+    scale = d ** -0.5
+
+    def quant():
+        return op.quant_qkv(q, k, v, scale * _cuda.LOG2E, 8, 4, True, False, False, _cuda.FP8_MAX, npad, npad, dp,
+                            False, 1)
+
+    qo = quant()
+
+    def attn():
+        return op.attn(qo[0], qo[3], qo[6], qo[1], qo[4], qo[7], None, None, 8, 4, n, n, d, False,
+                       _cuda.ACCUM["fp32+fp32"], False, False, scale, q.dtype)
+
+    ao = attn()
+
+    class Stub:
+        def quant_qkv(self, *a):
+            return qo
+
+        def attn(self, *a):
+            return ao
+
+    def python_part():
+        real, _cuda.ops = _cuda.ops, lambda module: Stub()
+        try:
+            return sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
+        finally:
+            _cuda.ops = real
+
+    return {"op quant_qkv alone": quant, "op attn alone": attn, "sm90 function, ops stubbed (its Python)": python_part}
+
+
+SHAPES = [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128), (1, 16, 512, 128)]
+
+
 def main() -> None:
-    for b, h, n, d in [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128), (1, 16, 512, 128)]:
+    # HOST_SHAPES="4x32x1024x64,1x16x512x128" times only these (B x H x N x D)
+    chosen = os.environ.get("HOST_SHAPES")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in chosen.split(",")] if chosen else SHAPES
+    for b, h, n, d in shapes:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         calls = {
             "sageattn": lambda: sa.sageattn(q, k, v),
@@ -71,6 +125,7 @@ def main() -> None:
             "sageattn return_lse": lambda: sa.sageattn(q, k, v, return_lse=True),
             "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
             "sm90 function return_lse": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, return_lse=True),
+            **_op_rows(q, k, v),
             **_sdpa_rows(q, k, v),
         }
         for name, fn in calls.items():

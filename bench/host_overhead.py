@@ -13,8 +13,9 @@ On an H100 sageattn hands these shapes to SDPA (dispatch.HAND_OVER), so its rows
 beside SDPA called bare and inside sdpa_kernel, the hand-over through sdpa_kernel (_sdpa.py), the
 hand-over's own SDPA call (_sdpa.sdpa: what sageattn adds to it is its checks and decision), and
 with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse). The sm90 function's
-call is split too: its two op calls alone (quant_qkv, then attn on its outputs) and the function
-with both ops replaced by stubs returning those outputs (its Python part).
+call is split too: its two op calls alone (quant_qkv, then attn on its outputs), the one op that
+does both (quant_attn, which the function calls where the extension has it) and the function with
+the ops replaced by stubs returning those outputs (its Python part).
 """
 
 import os
@@ -100,6 +101,9 @@ def _op_rows(q, k, v):
         def attn(self, *a):
             return ao
 
+        def quant_attn(self, *a):
+            return ao
+
     def python_part():
         real, _cuda.ops = _cuda.ops, lambda module: Stub()
         try:
@@ -107,7 +111,12 @@ def _op_rows(q, k, v):
         finally:
             _cuda.ops = real
 
-    return {"op quant_qkv alone": quant, "op attn alone": attn, "sm90 function, ops stubbed (its Python)": python_part}
+    rows = {"op quant_qkv alone": quant, "op attn alone": attn}
+    if hasattr(op, "quant_attn"):  # both in one op, as the functions now call them
+        rows["op quant_attn alone"] = lambda: op.quant_attn(q, k, v, scale, 8, 4, True, False, _cuda.FP8_MAX, 1, False,
+                                                            _cuda.ACCUM["fp32+fp32"], False, False)
+    rows["sm90 function, ops stubbed (its Python)"] = python_part
+    return rows
 
 
 SHAPES = [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128), (1, 16, 512, 128)]

@@ -1,8 +1,9 @@
 """The compiled mma.sync kernels: quantize Q, K (and V for fp8 PV), then attend.
 
 Each step is a torch custom op registered by the extension (``torch.ops.<ns>.quant_int8``,
-``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``); their
-fake implementations are registered here, so
+``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``, and a
+call runs ``quant_attn``: quant_qkv then attn in one op, csrc/binding/ops.cpp); their fake
+implementations are registered here, so
 ``torch.compile(sageattn, fullgraph=True)`` traces the whole pipeline without a graph break.
 """
 
@@ -104,6 +105,16 @@ def _register_fakes(ns: str) -> None:
 
         torch.library.register_fake(f"{ns}::quant_qkv", quant_qkv)
 
+    if hasattr(getattr(torch.ops, ns), "quant_attn"):
+
+        def quant_attn(q, k, v, sm_scale, q_groups, k_groups, smooth_k, smooth_v, v_scale_max, v_terms, causal, accum,
+                       nhd, return_lse):
+            b, hq, nq, d = q.shape
+            o = q.new_empty((b, nq, hq, d) if nhd else (b, hq, nq, d))
+            return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
+
+        torch.library.register_fake(f"{ns}::quant_attn", quant_attn)
+
     def attn(q8, k8, v, q_scale, k_scale, v_scale, v_mean, lse_add, q_groups, k_groups, nq, nk, d_out,
              causal, accum, nhd, return_lse, lse_add_scale, out_dtype, seq_q=None, seq_k=None, total_q=0):
         b, hq = q8.shape[:2]
@@ -132,30 +143,25 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
     op = ops(module)
     nhd = tensor_layout == "NHD"
     qh, kh, vh = (t.transpose(1, 2) if nhd else t for t in (q, k, v))
+    q_groups, k_groups = (8, 4) if qk_quant_gran == "per_thread" else (1, 1)
+    if _fp8(module):
+        # quant_qkv then attn in one op (quant_attn: the same bits, half the host time of the two
+        # op calls). Its K mean is a fixed-order sum over a sample of K_SAMPLE_ROWS keys
+        # (reference.chain_mean); with return_lse and smooth_k the LSE gets q . (K mean) back.
+        vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
+        o, lse = op.quant_attn(qh, kh, vh, sm_scale, q_groups, k_groups, smooth_k, smooth_v, vmax, v_fp8_terms,
+                               is_causal, ACCUM[pv_accum_dtype], nhd, return_lse)
+        return (o, lse) if return_lse else o
     nq, nk = qh.shape[2], kh.shape[2]
     dp = padded_head_dim(d)
     nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, kv_block(module))
-    per_thread = qk_quant_gran == "per_thread"
-    q_groups, k_groups = (8, 4) if per_thread else (1, 1)
-
-    v_scale = v_mean = None
-    if _fp8(module):
-        # K mean and V scale (of a sample of K_SAMPLE_ROWS keys), Q, K and V quantization in one
-        # op; its K mean is its own fixed-order sum (reference.chain_mean), torch's up to the last bits
-        vmax = V_MAX_FP16_ACCUM if pv_accum_dtype == "fp32+fp16" else FP8_MAX
-        q8, qs, qdot, k8, ks, _, v_op, v_scale, v_mean = op.quant_qkv(
-            qh, kh, vh, sm_scale * LOG2E, q_groups, k_groups, smooth_k, smooth_v, return_lse and smooth_k, vmax,
-            nq_pad, nk_pad, dp, False, v_fp8_terms)
-        if not smooth_v:
-            v_mean = None
-    else:
-        km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
-        q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups,
-                                     nq_pad, dp)
-        k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
-        # fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype
-        v_op = vh.to(torch.float16) if pv_accum_dtype == "fp16+fp32" else vh
-    o, lse = op.attn(q8, k8, v_op, qs, ks, v_scale, v_mean, qdot if (return_lse and smooth_k) else None,
+    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups,
+                                 nq_pad, dp)
+    k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
+    # fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype
+    v_op = vh.to(torch.float16) if pv_accum_dtype == "fp16+fp32" else vh
+    o, lse = op.attn(q8, k8, v_op, qs, ks, None, None, qdot if (return_lse and smooth_k) else None,
                      q_groups, k_groups, nq, nk, d, is_causal, ACCUM[pv_accum_dtype], nhd, return_lse,
                      sm_scale, q.dtype)
     return (o, lse) if return_lse else o

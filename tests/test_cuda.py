@@ -828,6 +828,87 @@ def test_quant_qkv_opcheck(backend):
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 8, 4, True, False, False, 448.0, 128, nk_pad, 64, False, 2))
 
 
+# ---- quant_attn: quant_qkv then attn in one op (what the public functions call) ----
+
+# (backend, layout, dtype, b, hq, hk, nq, nk, d, causal, lse, gran, smooth_k, smooth_v, accum, v_terms)
+QUANT_ATTN_CASES = [
+    (SM90, "HND", torch.bfloat16, 2, 4, 2, 333, 333, 128, False, True, "per_thread", True, False, "fp32+fp32", 1),
+    (SM90, "NHD", torch.float16, 1, 6, 3, 1500, 1000, 64, True, True, "per_warp", True, False, "fp32+fp32", 1),
+    (SM90, "HND", torch.bfloat16, 1, 2, 2, 17, 4097, 96, False, False, "per_thread", False, False, "fp32+fp32", 1),
+    (SM90, "NHD", torch.bfloat16, 1, 4, 1, 700, 700, 200, True, True, "per_thread", True, False, "fp32+fp32", 1),
+    (SM90, "HND", torch.bfloat16, 2, 4, 4, 2048, 2048, 128, False, True, "per_thread", True, False, "fp32+fp32", 2),
+    # causal with more work tiles than SMs: the kernel takes them from the zeroed counter
+    (SM90, "HND", torch.bfloat16, 2, 16, 16, 4096, 4096, 128, True, False, "per_thread", True, False, "fp32+fp32", 1),
+    (FP8, "HND", torch.bfloat16, 2, 4, 2, 333, 333, 128, False, True, "per_thread", True, False, "fp32+fp32", 1),
+    (FP8, "NHD", torch.float16, 1, 4, 2, 500, 300, 64, True, True, "per_warp", True, True, "fp32", 1),
+    (FP8, "HND", torch.float16, 1, 2, 1, 129, 65, 256, False, True, "per_thread", False, False, "fp32+fp16", 1),
+]
+
+
+def _quant_then_attn(op, ext, qh, kh, vh, scale, qg, kg, smooth_k, smooth_v, vmax, v_terms, causal, accum, nhd, lse):
+    """The two ops as _cuda.forward called them before quant_attn."""
+    nq, nk, d = qh.shape[2], kh.shape[2], qh.shape[3]
+    nq_pad, nk_pad = _cuda._ceil(nq, _cuda.BLOCK_Q), _cuda._ceil(nk, _cuda.kv_block(ext))
+    rowdot = lse and smooth_k
+    q8, qs, qdot, k8, ks, _, v8, vs, vm = op.quant_qkv(
+        qh, kh, vh, scale * _cuda.LOG2E, qg, kg, smooth_k, smooth_v, rowdot, vmax, nq_pad, nk_pad,
+        _cuda.padded_head_dim(d), False, v_terms)
+    return op.attn(q8, k8, v8, qs, ks, vs, vm if smooth_v else None, qdot if rowdot else None, qg, kg, nq, nk, d,
+                   causal, _cuda.ACCUM[accum], nhd, lse, scale, qh.dtype)
+
+
+@pytest.mark.parametrize("case", QUANT_ATTN_CASES, ids=lambda c: "-".join(str(x).replace("torch.", "") for x in c))
+def test_quant_attn_gives_the_bits_of_quant_qkv_then_attn(case):
+    backend, layout, dtype, b, hq, hk, nq, nk, d, causal, lse, gran, smooth_k, smooth_v, accum, v_terms = case
+    fn, ext = _need(backend)
+    op = _cuda.ops(ext)
+    q, k, v = make_qkv(b, hq, hk, nq, nk, d, dtype, layout, "cuda", k_bias=1.0, seed=nq + d)
+    v = v + 0.25
+    qh, kh, vh = (t.transpose(1, 2) if layout == "NHD" else t for t in (q, k, v))
+    qg, kg = (8, 4) if gran == "per_thread" else (1, 1)
+    scale = d ** -0.5
+    vmax = _cuda.V_MAX_FP16_ACCUM if accum == "fp32+fp16" else _cuda.FP8_MAX
+    args = (qh, kh, vh, scale, qg, kg, smooth_k, smooth_v, vmax, v_terms, causal, _cuda.ACCUM[accum],
+            layout == "NHD", lse)
+    o, l = op.quant_attn(*args)
+    ro, rl = _quant_then_attn(op, ext, qh, kh, vh, scale, qg, kg, smooth_k, smooth_v, vmax, v_terms, causal, accum,
+                              layout == "NHD", lse)
+    assert o.shape == ro.shape and o.dtype == ro.dtype and o.stride() == ro.stride()
+    assert torch.equal(o, ro) and torch.isfinite(o).all()
+    assert l.shape == rl.shape and torch.equal(l, rl)
+    # and the public function runs it: the same bits again (no case has causal keys past its
+    # queries, which the functions drop)
+    kw = dict(tensor_layout=layout, is_causal=causal, qk_quant_gran=gran, pv_accum_dtype=accum, smooth_k=smooth_k,
+              return_lse=lse, sm_scale=scale)
+    if smooth_v:
+        kw["smooth_v"] = True
+    if v_terms == 2:
+        kw["v_fp8_terms"] = 2
+    got = fn(q, k, v, **kw)
+    assert torch.equal(got[0] if lse else got, ro)
+
+
+@pytest.mark.parametrize("backend", [FP8, SM90])
+def test_quant_attn_opcheck(backend):
+    _, ext = _need(backend)
+    op = _cuda.ops(ext)
+    q = torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(2, 2, 90, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    torch.library.opcheck(op.quant_attn, (q, k, v, 0.125, 8, 4, True, False, 448.0, 1, False, 2, False, True))
+    torch.library.opcheck(op.quant_attn, (q, k, v, 0.125, 1, 1, False, False, 448.0, 1, True, 2, True, False))
+
+
+def test_quant_attn_names_what_it_refuses():
+    _, ext = _need(SM90)
+    op = _cuda.ops(ext)
+    q, k, v = (torch.randn(1, 2, 64, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"quant_attn: v as two e4m3 terms needs a head dim of at most 128, got 256"):
+        op.quant_attn(q, k, v, 0.1, 8, 4, True, False, 448.0, 2, False, 2, False, False)
+    big = torch.randn(1, 2, 64, 320, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"quant_attn: head dim must be 1 to 256, got 320"):
+        op.quant_attn(big, big, big, 0.1, 8, 4, True, False, 448.0, 1, False, 2, False, False)
+
+
 # Packed sequences on the Hopper kernel: (queries, keys) per sequence. Within a set the D=128
 # kernel takes as many consumers for the longest sequence as for each alone (three from 2048
 # keys, causal 8192), so each sequence's exponentials and tiles match a call on it alone.

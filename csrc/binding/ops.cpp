@@ -85,12 +85,43 @@ std::tuple<Tensor, Tensor, Tensor> quant_v_fp8(const Tensor& v, double scale_max
 // quant_int8(Q), quant_int8(K, K mean) and V's fp8 quantization in one op (statistics of a
 // key sample, quantization, and the rare V scale fallback: quant_qkv.cu); the K mean (of a
 // 128-key sample) is computed here (fp32, [B, Hkv, D]) and returned.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
-    const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
-    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad,
-    bool v_full_stats, int64_t v_terms, const std::optional<Tensor>& seq_q, const std::optional<Tensor>& seq_k) {
-  const char* op = "quant_qkv";
+
+// quant_qkv's buffers: its nine outputs in return order, then a V work area it keeps
+enum QkvBuf { kQ8, kQScale, kQRowdot, kK8, kKScale, kKMean, kV8, kVScale, kVMean, kVWork, kQkvBufs };
+
+struct BufShape {
+  int rank = 0;
+  int64_t dims[4] = {};
+  at::ScalarType dtype = at::kFloat;
+  at::IntArrayRef sizes() const { return {dims, static_cast<size_t>(rank)}; }
+  int64_t bytes() const {
+    int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+    for (int i = 0; i < rank; ++i) n *= dims[i];
+    return n;
+  }
+};
+
+BufShape buf_shape(at::ScalarType dtype, std::initializer_list<int64_t> dims) {
+  BufShape s;
+  s.dtype = dtype;
+  for (int64_t d : dims) s.dims[s.rank++] = d;
+  return s;
+}
+
+// quant_qkv's checks, its parameters but the output pointers, and the shapes of its buffers
+// (quant_qkv allocates each; quant_attn carves them out of one allocation)
+struct QkvPlan {
   sage::QuantQKVParams p{};
+  BufShape buf[kQkvBufs];
+  bool rowdot = false, smooth_k = false, smooth_v = false, flags = false;
+};
+
+QkvPlan plan_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale,
+                 int64_t q_groups, int64_t k_groups, bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max,
+                 int64_t nq_pad, int64_t nk_pad, int64_t d_pad, bool v_full_stats, int64_t v_terms,
+                 const std::optional<Tensor>& seq_q, const std::optional<Tensor>& seq_k) {
+  QkvPlan pl;
+  sage::QuantQKVParams& p = pl.p;
   p.q = input_of(q, op, "q");
   p.k = input_of(k, op, "k");
   p.v = input_of(v, op, "v");
@@ -115,38 +146,62 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tenso
   TORCH_CHECK(!seq_q == !seq_k, kOps, "::", op, ": seq_q and seq_k come together");
   p.q.seqs = seqs_of(seq_q, op, "seq_q", B, q);
   p.k.seqs = p.v.seqs = seqs_of(seq_k, op, "seq_k", B, q);
-  c10::cuda::CUDAGuard guard(q.device());
-  auto f32 = q.options().dtype(at::kFloat);
-  Tensor q8 = at::empty({B, Hq, nq_pad, d_pad}, q.options().dtype(at::kChar));
-  Tensor q_scale = at::empty({B, Hq, nq_pad / sage::kAttnWarpQ * q_groups}, f32);
-  Tensor q_rowdot = at::empty({rowdot ? B : 0, rowdot ? Hq : 0, rowdot ? Nq : 0}, f32);
-  Tensor k8 = at::empty({B, Hkv, nk_pad, d_pad}, q.options().dtype(at::kChar));
-  Tensor k_scale = at::empty({B, Hkv, nk_pad / sage::kAttnBlockK * k_groups}, f32);
-  Tensor k_mean = at::empty({smooth_k ? B : 0, smooth_k ? Hkv : 0, smooth_k ? D : 0}, f32);
-  Tensor v8 = at::empty({B, Hkv, v_terms * d_pad, nk_pad}, q.options().dtype(at::kFloat8_e4m3fn));
-  Tensor v_scale = at::empty({B, Hkv, d_pad}, f32);
-  Tensor v_mean = at::empty({smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0}, f32);
+  const auto f32 = at::kFloat;
+  pl.buf[kQ8] = buf_shape(at::kChar, {B, Hq, nq_pad, d_pad});
+  pl.buf[kQScale] = buf_shape(f32, {B, Hq, nq_pad / sage::kAttnWarpQ * q_groups});
+  pl.buf[kQRowdot] = buf_shape(f32, {rowdot ? B : 0, rowdot ? Hq : 0, rowdot ? Nq : 0});
+  pl.buf[kK8] = buf_shape(at::kChar, {B, Hkv, nk_pad, d_pad});
+  pl.buf[kKScale] = buf_shape(f32, {B, Hkv, nk_pad / sage::kAttnBlockK * k_groups});
+  pl.buf[kKMean] = buf_shape(f32, {smooth_k ? B : 0, smooth_k ? Hkv : 0, smooth_k ? D : 0});
+  pl.buf[kV8] = buf_shape(at::kFloat8_e4m3fn, {B, Hkv, v_terms * d_pad, nk_pad});
+  pl.buf[kVScale] = buf_shape(f32, {B, Hkv, d_pad});
+  pl.buf[kVMean] = buf_shape(f32, {smooth_v ? B : 0, smooth_v ? Hkv : 0, smooth_v ? d_pad : 0});
   // v_inv, then (a sampled V scale, checked by the quantization) the overflow flags, as many
   // 32-bit words, and a tile count per 32-channel group
-  const bool flags = !smooth_v && !v_full_stats;
-  Tensor v_work = at::empty({B * Hkv * d_pad + (flags ? B * Hkv * d_pad * 33 / 32 : 0)}, f32);
+  pl.flags = !smooth_v && !v_full_stats;
+  pl.buf[kVWork] = buf_shape(f32, {B * Hkv * d_pad + (pl.flags ? B * Hkv * d_pad * 33 / 32 : 0)});
+  pl.rowdot = rowdot, pl.smooth_k = smooth_k, pl.smooth_v = smooth_v;
   p.nq_pad = nq_pad, p.nk_pad = nk_pad, p.d_pad = d_pad;
   p.q_prescale = static_cast<float>(q_prescale);
   p.q_groups = q_groups, p.k_groups = k_groups;
   p.v_scale_max = static_cast<float>(v_scale_max);
-  p.q_out = q8.data_ptr<int8_t>(), p.q_scale = q_scale.data_ptr<float>();
-  p.q_rowdot = rowdot ? q_rowdot.data_ptr<float>() : nullptr;
-  p.k_out = k8.data_ptr<int8_t>(), p.k_scale = k_scale.data_ptr<float>();
-  p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
-  p.v_out = reinterpret_cast<uint8_t*>(v8.data_ptr());
   p.v_terms = static_cast<int>(v_terms);
-  p.v_scale = v_scale.data_ptr<float>();
-  p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
-  p.v_inv = v_work.data_ptr<float>();
   p.v_full = v_full_stats;
-  p.v_over = flags ? reinterpret_cast<uint32_t*>(p.v_inv + B * Hkv * d_pad) : nullptr;
-  check_cuda(sage::quant_qkv(p, c10::cuda::getCurrentCUDAStream()), op);
-  return {q8, q_scale, q_rowdot, k8, k_scale, k_mean, v8, v_scale, v_mean};
+  return pl;
+}
+
+// Points the plan's outputs at its buffers (those not asked for stay null).
+void set_qkv_outputs(QkvPlan& pl, void* const (&ptr)[kQkvBufs]) {
+  sage::QuantQKVParams& p = pl.p;
+  p.q_out = static_cast<int8_t*>(ptr[kQ8]), p.q_scale = static_cast<float*>(ptr[kQScale]);
+  p.q_rowdot = pl.rowdot ? static_cast<float*>(ptr[kQRowdot]) : nullptr;
+  p.k_out = static_cast<int8_t*>(ptr[kK8]), p.k_scale = static_cast<float*>(ptr[kKScale]);
+  p.k_mean = pl.smooth_k ? static_cast<float*>(ptr[kKMean]) : nullptr;
+  p.v_out = static_cast<uint8_t*>(ptr[kV8]);
+  p.v_scale = static_cast<float*>(ptr[kVScale]);
+  p.v_mean = pl.smooth_v ? static_cast<float*>(ptr[kVMean]) : nullptr;
+  p.v_inv = static_cast<float*>(ptr[kVWork]);
+  // the flags follow v_inv's B * Hkv * d_pad floats (as many as v_scale has)
+  p.v_over = pl.flags ? reinterpret_cast<uint32_t*>(p.v_inv + pl.buf[kVScale].bytes() / sizeof(float)) : nullptr;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> quant_qkv(
+    const Tensor& q, const Tensor& k, const Tensor& v, double q_prescale, int64_t q_groups, int64_t k_groups,
+    bool smooth_k, bool smooth_v, bool rowdot, double v_scale_max, int64_t nq_pad, int64_t nk_pad, int64_t d_pad,
+    bool v_full_stats, int64_t v_terms, const std::optional<Tensor>& seq_q, const std::optional<Tensor>& seq_k) {
+  const char* op = "quant_qkv";
+  QkvPlan pl = plan_qkv(op, q, k, v, q_prescale, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max, nq_pad,
+                        nk_pad, d_pad, v_full_stats, v_terms, seq_q, seq_k);
+  c10::cuda::CUDAGuard guard(q.device());
+  Tensor t[kQkvBufs];
+  void* ptr[kQkvBufs];
+  for (int i = 0; i < kQkvBufs; ++i) {
+    t[i] = at::empty(pl.buf[i].sizes(), q.options().dtype(pl.buf[i].dtype));
+    ptr[i] = t[i].data_ptr();
+  }
+  set_qkv_outputs(pl, ptr);
+  check_cuda(sage::quant_qkv(pl.p, c10::cuda::getCurrentCUDAStream()), op);
+  return {t[kQ8], t[kQScale], t[kQRowdot], t[kK8], t[kKScale], t[kKMean], t[kV8], t[kVScale], t[kVMean]};
 }
 #endif
 
@@ -159,6 +214,53 @@ Tensor prepare_v(const Tensor& v, int64_t d_pad) {
   Tensor out = at::zeros({v.size(0), v.size(1), v.size(2), d_pad}, v.options());
   out.narrow(3, 0, D).copy_(v);
   return out;
+}
+
+// attn's and quant_attn's tail, on checked parameters: o and the LSE allocated and pointed
+// to, the Hopper kernel's work-tile counter where it takes one (`counter`: zeroed ints already
+// on the stream, or null to allocate them here), the launch.
+std::tuple<Tensor, Tensor> attn_run(const char* op, sage::AttnParams& p, const at::TensorOptions& opts, bool fp8,
+                                    int64_t Dp, bool packed, bool nhd, bool return_lse, at::ScalarType out_dtype,
+                                    at::ScalarType v_dtype, int* counter) {
+  const int64_t B = p.batch, Hq = p.heads_q, nq = p.nq, d_out = p.d_out, total_q = p.total_q;
+  Tensor o = packed ? at::empty({total_q, Hq, d_out}, opts.dtype(out_dtype))
+             : nhd  ? at::empty({B, nq, Hq, d_out}, opts.dtype(out_dtype))
+                    : at::empty({B, Hq, nq, d_out}, opts.dtype(out_dtype));
+  Tensor lse = packed ? at::empty({return_lse ? Hq : 0, return_lse ? total_q : 0}, opts.dtype(at::kFloat))
+                      : at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0},
+                                  opts.dtype(at::kFloat));
+  p.o = o.data_ptr();
+  p.o_dtype = out_dtype == at::kBFloat16 ? sage::DType::kBFloat16 : sage::DType::kHalf;
+  p.o_stride_b = packed ? 0 : o.stride(0);
+  p.o_stride_h = packed ? o.stride(1) : nhd ? o.stride(2) : o.stride(1);
+  p.o_stride_n = packed ? o.stride(0) : nhd ? o.stride(1) : o.stride(2);
+  p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+  cudaError_t err = cudaErrorInvalidValue;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+#if defined(SAGE_SM90)
+  Tensor tile_counter;  // the dynamic work-tile schedule's counter, where the kernel takes one
+  if (fp8) {
+    const int ints = sage::attn_sm90_scratch_ints(p, static_cast<int>(Dp));
+    if (ints > 0 && counter == nullptr) {
+      tile_counter = at::zeros({ints}, opts.dtype(at::kInt));
+      counter = tile_counter.data_ptr<int>();
+    }
+    p.tile_counter = ints > 0 ? counter : nullptr;
+    err = sage::attn_sm90(p, static_cast<int>(Dp), stream);
+  }
+#elif defined(SAGE_FP8)
+  (void)counter;
+  if (fp8) err = sage::attn_fp8_pv(p, static_cast<int>(Dp), stream);
+#else
+  (void)counter;
+#endif
+#if defined(SAGE_FP16_PV)
+  if (!fp8) err = sage::attn_fp16_pv(p, static_cast<int>(Dp), stream);
+#endif
+  TORCH_CHECK(err != cudaErrorInvalidValue, kOps, "::", op, ": no kernel built for v dtype ", v_dtype, ", output ",
+              out_dtype, ", accum ", static_cast<int>(p.accum), " in this extension");
+  check_cuda(err, op);
+  return {o, lse};
 }
 
 std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor& v, const Tensor& q_scale,
@@ -232,58 +334,105 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   p.total_q = static_cast<int>(total_q);
 #else
   TORCH_CHECK(!packed && !seq_k, kOps, "::", op, ": packed sequences (seq_q, seq_k) need the sm90 kernel");
+  (void)total_q;
 #endif
-  Tensor o = packed ? at::empty({total_q, Hq, d_out}, q8.options().dtype(out_dtype))
-             : nhd  ? at::empty({B, nq, Hq, d_out}, q8.options().dtype(out_dtype))
-                    : at::empty({B, Hq, nq, d_out}, q8.options().dtype(out_dtype));
-  Tensor lse = packed ? at::empty({return_lse ? Hq : 0, return_lse ? total_q : 0}, q8.options().dtype(at::kFloat))
-                      : at::empty({return_lse ? B : 0, return_lse ? Hq : 0, return_lse ? nq : 0},
-                                  q8.options().dtype(at::kFloat));
   p.q = q8.data_ptr<int8_t>(), p.k = k8.data_ptr<int8_t>(), p.v = vk.data_ptr();
   p.v_stride_b = vk.stride(0), p.v_stride_h = vk.stride(1), p.v_stride_n = vk.stride(2);
   p.q_scale = q_scale.data_ptr<float>(), p.k_scale = k_scale.data_ptr<float>();
   p.q_groups = q_groups, p.k_groups = k_groups;
-  p.o = o.data_ptr();
-  p.o_dtype = out_dtype == at::kBFloat16 ? sage::DType::kBFloat16 : sage::DType::kHalf;
-  p.o_stride_b = packed ? 0 : o.stride(0);
-  p.o_stride_h = packed ? o.stride(1) : nhd ? o.stride(2) : o.stride(1);
-  p.o_stride_n = packed ? o.stride(0) : nhd ? o.stride(1) : o.stride(2);
   p.d_out = d_out;
-  if (return_lse) {
-    p.lse = lse.data_ptr<float>();
-    if (lse_add) {
-      check_f32(*lse_add, op, "lse_add", {B, Hq, nq});
-      p.lse_add = lse_add->data_ptr<float>();
-      p.lse_add_scale = static_cast<float>(lse_add_scale);
-    }
+  if (return_lse && lse_add) {
+    check_f32(*lse_add, op, "lse_add", {B, Hq, nq});
+    p.lse_add = lse_add->data_ptr<float>();
+    p.lse_add_scale = static_cast<float>(lse_add_scale);
   }
   p.batch = B, p.heads_q = Hq, p.heads_kv = Hkv, p.nq = nq, p.nk = nk, p.nq_pad = nq_pad, p.nk_pad = nk_pad;
   p.causal = causal ? 1 : 0;
   TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
   p.accum = static_cast<sage::PVAccum>(accum);
-  cudaError_t err = cudaErrorInvalidValue;
-  auto stream = c10::cuda::getCurrentCUDAStream();
-#if defined(SAGE_SM90)
-  Tensor tile_counter;  // the dynamic work-tile schedule's counter, where the kernel takes one
-  if (fp8) {
-    const int ints = sage::attn_sm90_scratch_ints(p, static_cast<int>(Dp));
-    if (ints > 0) {
-      tile_counter = at::zeros({ints}, q8.options().dtype(at::kInt));
-      p.tile_counter = tile_counter.data_ptr<int>();
-    }
-    err = sage::attn_sm90(p, static_cast<int>(Dp), stream);
-  }
-#elif defined(SAGE_FP8)
-  if (fp8) err = sage::attn_fp8_pv(p, static_cast<int>(Dp), stream);
-#endif
-#if defined(SAGE_FP16_PV)
-  if (!fp8) err = sage::attn_fp16_pv(p, static_cast<int>(Dp), stream);
-#endif
-  TORCH_CHECK(err != cudaErrorInvalidValue, kOps, "::", op, ": no kernel built for v dtype ", v.scalar_type(),
-              ", output ", out_dtype, ", accum ", accum, " in this extension");
-  check_cuda(err, op);
-  return {o, lse};
+  return attn_run(op, p, q8.options(), fp8, Dp, packed, nhd, return_lse, out_dtype, v.scalar_type(), nullptr);
 }
+
+#if defined(SAGE_FP8)
+// quant_qkv then attn in one op, for the fp8 families' common call (no packed sequences): what
+// a call through both ops computes, bit for bit, with one op call instead of two, one
+// allocation for the nine intermediate tensors and the V work area, and the work-tile counter
+// zeroed by a memset in that allocation (the two op calls took ~47 µs of host time per call on
+// an H200 machine, the Python around them ~15: bench/results/…-db4fa04-host-split.md). q, k, v are
+// [B, H, N, D] (the caller passes NHD inputs transposed; `nhd` is the output's layout); Q is
+// prescaled by sm_scale * log2(e), and with return_lse and smooth_k the LSE gets q . (K mean)
+// back, as the two ops are called. v_terms 2: the Hopper kernel only.
+std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Tensor& v, double sm_scale,
+                                      int64_t q_groups, int64_t k_groups, bool smooth_k, bool smooth_v,
+                                      double v_scale_max, int64_t v_terms, bool causal, int64_t accum, bool nhd,
+                                      bool return_lse) {
+  const char* op = "quant_attn";
+  check_input(q, op, "q");
+  check_input(k, op, "k");
+  const int64_t D = q.size(3), nq = q.size(2), nk = k.size(2);
+  TORCH_CHECK(D >= 1 && D <= 256, kOps, "::", op, ": head dim must be 1 to 256, got ", D);
+  TORCH_CHECK(nq > 0 && nk > 0, kOps, "::", op, ": q and k need a row each, got ", nq, " and ", nk);
+  TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
+#if defined(SAGE_SM90)
+  const int64_t kv_block = sage::kSm90BlockK;
+  TORCH_CHECK(v_terms == 1 || D <= 128, kOps, "::", op, ": v as two e4m3 terms needs a head dim of at most 128, got ", D);
+#else
+  const int64_t kv_block = sage::kAttnBlockK;
+  TORCH_CHECK(v_terms == 1, kOps, "::", op, ": v as two e4m3 terms needs the sm90 kernel");
+#endif
+  const int64_t Dp = D <= 64 ? 64 : D <= 128 ? 128 : 256;
+  const int64_t nq_pad = (nq + sage::kAttnBlockQ - 1) / sage::kAttnBlockQ * sage::kAttnBlockQ;
+  const int64_t nk_pad = (nk + kv_block - 1) / kv_block * kv_block;
+  const bool rowdot = return_lse && smooth_k;
+  // (the same double product the Python side passes to quant_qkv: the same float)
+  QkvPlan pl = plan_qkv(op, q, k, v, sm_scale * 1.4426950408889634, q_groups, k_groups, smooth_k, smooth_v, rowdot,
+                        v_scale_max, nq_pad, nk_pad, Dp, false, v_terms, std::nullopt, std::nullopt);
+  sage::AttnParams a{};
+  a.batch = q.size(0), a.heads_q = q.size(1), a.heads_kv = k.size(1);
+  a.nq = nq, a.nk = nk, a.nq_pad = nq_pad, a.nk_pad = nk_pad, a.d_out = D;
+  a.causal = causal ? 1 : 0;
+  a.accum = static_cast<sage::PVAccum>(accum);
+  a.q_groups = q_groups, a.k_groups = k_groups;
+  a.v_terms = static_cast<int>(v_terms);
+  // one allocation: the buffers at 512-byte offsets (the caching allocator's own alignment,
+  // which the separate tensors get), then the counter's ints
+  int64_t off[kQkvBufs + 1];
+  int64_t bytes = 0;
+  for (int i = 0; i < kQkvBufs; ++i) {
+    off[i] = bytes;
+    bytes += (pl.buf[i].bytes() + 511) / 512 * 512;
+  }
+  off[kQkvBufs] = bytes;
+#if defined(SAGE_SM90)
+  const int ints = sage::attn_sm90_scratch_ints(a, static_cast<int>(Dp));
+#else
+  const int ints = 0;
+#endif
+  bytes += static_cast<int64_t>(ints) * sizeof(int);
+  c10::cuda::CUDAGuard guard(q.device());
+  Tensor work = at::empty({bytes}, q.options().dtype(at::kByte));
+  uint8_t* base = work.data_ptr<uint8_t>();
+  void* ptr[kQkvBufs];
+  for (int i = 0; i < kQkvBufs; ++i) ptr[i] = base + off[i];
+  set_qkv_outputs(pl, ptr);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  // The counter is zeroed first, before quant_qkv's statistics kernel (a plain launch), so that
+  // the attention kernel still follows the quantization kernel directly and may start early
+  // (programmatic dependent launch: CONTRIBUTING.md); attn's at::zeros sits between the two.
+  int* counter = ints > 0 ? reinterpret_cast<int*>(base + off[kQkvBufs]) : nullptr;
+  if (counter) check_cuda(cudaMemsetAsync(counter, 0, static_cast<size_t>(ints) * sizeof(int), stream), op);
+  check_cuda(sage::quant_qkv(pl.p, stream), op);
+  a.q = pl.p.q_out, a.k = pl.p.k_out, a.v = pl.p.v_out;
+  const int64_t v_rows = v_terms * Dp;  // V^T [B, Hkv, v_terms * Dp, nk_pad], contiguous
+  a.v_stride_b = a.heads_kv * v_rows * nk_pad, a.v_stride_h = v_rows * nk_pad, a.v_stride_n = nk_pad;
+  a.q_scale = pl.p.q_scale, a.k_scale = pl.p.k_scale, a.v_scale = pl.p.v_scale;
+  a.v_mean = pl.p.v_mean;  // null unless smooth_v
+  if (rowdot) a.lse_add = pl.p.q_rowdot, a.lse_add_scale = static_cast<float>(sm_scale);
+  // `work` is freed on return: the caching allocator hands its memory out again only to work
+  // queued after these kernels on this stream
+  return attn_run(op, a, q.options(), true, Dp, false, nhd, return_lse, q.scalar_type(), at::kFloat8_e4m3fn, counter);
+}
+#endif
 
 }  // namespace
 
@@ -297,6 +446,9 @@ TORCH_LIBRARY(SAGE_OPS, m) {
         "int v_terms=1, Tensor? seq_q=None, Tensor? seq_k=None) "
         "-> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("quant_attn(Tensor q, Tensor k, Tensor v, float sm_scale, int q_groups, int k_groups, bool smooth_k, "
+        "bool smooth_v, float v_scale_max, int v_terms, bool causal, int accum, bool nhd, bool return_lse) "
+        "-> (Tensor, Tensor)");
 #endif
   m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "
         "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "
@@ -309,6 +461,7 @@ TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
 #if defined(SAGE_FP8)
   m.impl("quant_v_fp8", &quant_v_fp8);
   m.impl("quant_qkv", &quant_qkv);
+  m.impl("quant_attn", &quant_attn);
 #endif
   m.impl("attn", &attn);
 }

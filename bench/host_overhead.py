@@ -15,7 +15,8 @@ hand-over's own SDPA call (_sdpa.sdpa: what sageattn adds to it is its checks an
 with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse). The sm90 function's
 call is split too: its two op calls alone (quant_qkv, then attn on its outputs), the one op that
 does both (quant_attn, which the function calls where the extension has it) and the function with
-the ops replaced by stubs returning those outputs (its Python part).
+the ops replaced by stubs returning those outputs (its Python part); and the fp16-PV function
+beside its op and the separate op calls that op replaced.
 """
 
 import os
@@ -122,6 +123,36 @@ def _op_rows(q, k, v):
 SHAPES = [(4, 32, 1024, 128), (4, 32, 1024, 64), (1, 8, 512, 128), (2, 24, 1024, 128), (1, 16, 512, 128)]
 
 
+def _fp16_rows(q, k, v):
+    """The fp16-PV function (the sm80 family's kernels) and its op: as one call
+    (quant_attn_fp16) and as the separate calls it replaced (K mean, quant_int8 of Q and of K,
+    attn), on the same inputs (HND, non-causal, fp32 accumulation, K smoothed)."""
+    try:
+        from sageattention import _cuda
+        from sageattention._ops import ops
+
+        op = ops("sageattention._qattn_sm80")
+    except (ImportError, RuntimeError, AttributeError):
+        return {}
+    b, h, n, d = q.shape
+    dp, scale = _cuda.padded_head_dim(d), d ** -0.5
+    npad, kpad = -(-n // _cuda.BLOCK_Q) * _cuda.BLOCK_Q, -(-n // _cuda.BLOCK_K) * _cuda.BLOCK_K
+
+    def separate():
+        km = k.mean(dim=2, dtype=torch.float32)
+        q8, qs, _ = op.quant_int8(q, None, None, scale * _cuda.LOG2E, _cuda.WARP_Q, 8, npad, dp)
+        k8, ks, _ = op.quant_int8(k, km, None, 1.0, _cuda.BLOCK_K, 4, kpad, dp)
+        return op.attn(q8, k8, v, qs, ks, None, None, None, 8, 4, n, n, d, False, _cuda.ACCUM["fp32"], False, False,
+                       scale, q.dtype)
+
+    rows = {"fp16 function": lambda: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, pv_accum_dtype="fp32"),
+            "fp16 ops as separate calls (mean, quant_int8 x 2, attn)": separate}
+    if hasattr(op, "quant_attn_fp16"):
+        rows["op quant_attn_fp16 alone"] = lambda: op.quant_attn_fp16(q, k, v, scale, 8, 4, True, False,
+                                                                      _cuda.ACCUM["fp32"], False, False)
+    return rows
+
+
 def main() -> None:
     # HOST_SHAPES="4x32x1024x64,1x16x512x128" times only these (B x H x N x D)
     chosen = os.environ.get("HOST_SHAPES")
@@ -135,6 +166,7 @@ def main() -> None:
             "sm90 function": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v),
             "sm90 function return_lse": lambda: sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, return_lse=True),
             **_op_rows(q, k, v),
+            **_fp16_rows(q, k, v),
             **_sdpa_rows(q, k, v),
         }
         for name, fn in calls.items():

@@ -1,9 +1,10 @@
 """The compiled mma.sync kernels: quantize Q, K (and V for fp8 PV), then attend.
 
 Each step is a torch custom op registered by the extension (``torch.ops.<ns>.quant_int8``,
-``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``, and a
-call runs ``quant_attn``: quant_qkv then attn in one op, csrc/binding/ops.cpp); their fake
-implementations are registered here, so
+``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``); a call
+runs them as one op, ``quant_attn`` (quant_qkv then attn) or ``quant_attn_fp16`` (the fp16-PV
+family's K mean, quant_int8 of Q and K, attn: csrc/binding/ops.cpp), for the host time of one op
+call instead of several. Their fake implementations are registered here, so
 ``torch.compile(sageattn, fullgraph=True)`` traces the whole pipeline without a graph break.
 """
 
@@ -128,6 +129,15 @@ def _register_fakes(ns: str) -> None:
 
     torch.library.register_fake(f"{ns}::attn", attn)
 
+    if hasattr(getattr(torch.ops, ns), "quant_attn_fp16"):
+
+        def quant_attn_fp16(q, k, v, sm_scale, q_groups, k_groups, smooth_k, causal, accum, nhd, return_lse):
+            b, hq, nq, d = q.shape
+            o = q.new_empty((b, nq, hq, d) if nhd else (b, hq, nq, d))
+            return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
+
+        torch.library.register_fake(f"{ns}::quant_attn_fp16", quant_attn_fp16)
+
 
 for _module, _ns in FAMILIES.items():
     register_family(_module, _ns, _register_fakes)
@@ -138,7 +148,6 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
             v_fp8_terms: int = 1):
     """Run the CUDA pipeline on validated inputs; returns ``o`` or ``(o, lse)``. ``v_fp8_terms=2``
     (the Hopper kernel only) stores V as two e4m3 terms."""
-    d = q.shape[3]
     require(fn, module)
     op = ops(module)
     nhd = tensor_layout == "NHD"
@@ -152,18 +161,10 @@ def forward(fn: str, module: str, q, k, v, tensor_layout: str, is_causal: bool, 
         o, lse = op.quant_attn(qh, kh, vh, sm_scale, q_groups, k_groups, smooth_k, smooth_v, vmax, v_fp8_terms,
                                is_causal, ACCUM[pv_accum_dtype], nhd, return_lse)
         return (o, lse) if return_lse else o
-    nq, nk = qh.shape[2], kh.shape[2]
-    dp = padded_head_dim(d)
-    nq_pad, nk_pad = _ceil(nq, BLOCK_Q), _ceil(nk, kv_block(module))
-    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
-    q8, qs, qdot = op.quant_int8(qh, None, km if return_lse else None, sm_scale * LOG2E, WARP_Q, q_groups,
-                                 nq_pad, dp)
-    k8, ks, _ = op.quant_int8(kh, km, None, 1.0, BLOCK_K, k_groups, nk_pad, dp)
-    # fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype
-    v_op = vh.to(torch.float16) if pv_accum_dtype == "fp16+fp32" else vh
-    o, lse = op.attn(q8, k8, v_op, qs, ks, None, None, qdot if (return_lse and smooth_k) else None,
-                     q_groups, k_groups, nq, nk, d, is_causal, ACCUM[pv_accum_dtype], nhd, return_lse,
-                     sm_scale, q.dtype)
+    # fp16 PV: K's mean over all keys (torch's), quant_int8 of Q and K, V as fp16 for the
+    # fp16-accumulating mode, attn, in one op (quant_attn_fp16)
+    o, lse = op.quant_attn_fp16(qh, kh, vh, sm_scale, q_groups, k_groups, smooth_k, is_causal, ACCUM[pv_accum_dtype],
+                                nhd, return_lse)
     return (o, lse) if return_lse else o
 
 

@@ -909,6 +909,52 @@ def test_quant_attn_names_what_it_refuses():
         op.quant_attn(big, big, big, 0.1, 8, 4, True, False, 448.0, 1, False, 2, False, False)
 
 
+# (layout, dtype, b, hq, hk, nq, nk, d, causal, lse, gran, smooth_k, accum)
+QUANT_ATTN_FP16_CASES = [
+    ("HND", torch.bfloat16, 2, 4, 2, 333, 333, 128, False, True, "per_thread", True, "fp32"),
+    ("NHD", torch.float16, 1, 6, 3, 1500, 1000, 64, True, True, "per_warp", True, "fp16+fp32"),
+    ("HND", torch.bfloat16, 1, 2, 2, 17, 700, 96, False, True, "per_thread", False, "fp16+fp32"),
+    ("NHD", torch.bfloat16, 1, 4, 1, 200, 129, 256, True, False, "per_thread", True, "fp32"),
+]
+
+
+@pytest.mark.parametrize("case", QUANT_ATTN_FP16_CASES,
+                         ids=lambda c: "-".join(str(x).replace("torch.", "") for x in c))
+def test_quant_attn_fp16_gives_the_bits_of_the_separate_ops(case):
+    layout, dtype, b, hq, hk, nq, nk, d, causal, lse, gran, smooth_k, accum = case
+    fn, ext = _need(FP16)
+    op = _cuda.ops(ext)
+    q, k, v = make_qkv(b, hq, hk, nq, nk, d, dtype, layout, "cuda", k_bias=1.0, seed=nq + d)
+    qh, kh, vh = (t.transpose(1, 2) if layout == "NHD" else t for t in (q, k, v))
+    qg, kg = (8, 4) if gran == "per_thread" else (1, 1)
+    scale, nhd = d ** -0.5, layout == "NHD"
+    o, l = op.quant_attn_fp16(qh, kh, vh, scale, qg, kg, smooth_k, causal, _cuda.ACCUM[accum], nhd, lse)
+    # the separate ops as _cuda.forward called them before quant_attn_fp16
+    dp = _cuda.padded_head_dim(d)
+    nq_pad, nk_pad = _cuda._ceil(nq, _cuda.BLOCK_Q), _cuda._ceil(nk, _cuda.BLOCK_K)
+    km = kh.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    q8, qs, qdot = op.quant_int8(qh, None, km if lse else None, scale * _cuda.LOG2E, _cuda.WARP_Q, qg, nq_pad, dp)
+    k8, ks, _ = op.quant_int8(kh, km, None, 1.0, _cuda.BLOCK_K, kg, nk_pad, dp)
+    v_op = vh.to(torch.float16) if accum == "fp16+fp32" else vh
+    ro, rl = op.attn(q8, k8, v_op, qs, ks, None, None, qdot if (lse and smooth_k) else None, qg, kg, nq, nk, d,
+                     causal, _cuda.ACCUM[accum], nhd, lse, scale, dtype)
+    assert o.shape == ro.shape and o.stride() == ro.stride() and torch.equal(o, ro) and torch.isfinite(o).all()
+    assert l.shape == rl.shape and torch.equal(l, rl)
+    got = fn(q, k, v, tensor_layout=layout, is_causal=causal, qk_quant_gran=gran, pv_accum_dtype=accum,
+             smooth_k=smooth_k, return_lse=lse, sm_scale=scale)
+    assert torch.equal(got[0] if lse else got, ro)
+
+
+def test_quant_attn_fp16_opcheck():
+    _, ext = _need(FP16)
+    op = _cuda.ops(ext)
+    q = torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 90, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    torch.library.opcheck(op.quant_attn_fp16, (q, k, v, 0.125, 8, 4, True, False, _cuda.ACCUM["fp32"], False, True))
+    torch.library.opcheck(op.quant_attn_fp16, (q, k, v, 0.125, 1, 1, False, True, _cuda.ACCUM["fp16+fp32"], True,
+                                               False))
+
+
 # Packed sequences on the Hopper kernel: (queries, keys) per sequence. Within a set the D=128
 # kernel takes as many consumers for the longest sequence as for each alone (three from 2048
 # keys, causal 8192), so each sequence's exponentials and tiles match a call on it alone.

@@ -7,6 +7,8 @@
 // SAGE_FP16_PV / SAGE_FP8 / SAGE_SM90 select the kernel family (scripts/cuda_archs.py).
 #include "common.h"
 
+#include <ATen/ops/mean.h>
+
 namespace {
 
 // Packed sequences (varlen): int32 [2, B] on x's device, row starts then row counts, or null.
@@ -434,6 +436,40 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
 }
 #endif
 
+#if defined(SAGE_FP16_PV)
+// The fp16-PV family's call in one op: K's mean over all keys (torch's mean, fp32) when
+// smoothing K, quant_int8 of Q and of K, V converted to fp16 for the fp16-accumulating mode,
+// then attn: what four to five op calls from Python computed, bit for bit, with one (the host
+// time of the Hopper route's two op calls: bench/results/…-9e0672a-quant-attn.md). q, k, v
+// are [B, H, N, D] (the caller passes NHD inputs transposed; `nhd` is the output's layout).
+std::tuple<Tensor, Tensor> quant_attn_fp16(const Tensor& q, const Tensor& k, const Tensor& v, double sm_scale,
+                                           int64_t q_groups, int64_t k_groups, bool smooth_k, bool causal,
+                                           int64_t accum, bool nhd, bool return_lse) {
+  const char* op = "quant_attn_fp16";
+  check_input(q, op, "q");
+  check_input(k, op, "k");
+  const int64_t D = q.size(3), nq = q.size(2), nk = k.size(2);
+  TORCH_CHECK(D >= 1 && D <= 256, kOps, "::", op, ": head dim must be 1 to 256, got ", D);
+  TORCH_CHECK(nq > 0 && nk > 0, kOps, "::", op, ": q and k need a row each, got ", nq, " and ", nk);
+  const int64_t Dp = D <= 64 ? 64 : D <= 128 ? 128 : 256;
+  const int64_t nq_pad = (nq + sage::kAttnBlockQ - 1) / sage::kAttnBlockQ * sage::kAttnBlockQ;
+  const int64_t nk_pad = (nk + sage::kAttnBlockK - 1) / sage::kAttnBlockK * sage::kAttnBlockK;
+  c10::cuda::CUDAGuard guard(q.device());
+  std::optional<Tensor> km;
+  if (smooth_k) km = at::mean(k, at::IntArrayRef{2}, false, at::kFloat);
+  // (sm_scale * log2(e) as the same double product Python forms)
+  auto [q8, q_scale, q_dot] = quant_int8(q, std::nullopt, return_lse ? km : std::nullopt,
+                                         sm_scale * 1.4426950408889634, sage::kAttnWarpQ, q_groups, nq_pad, Dp);
+  auto [k8, k_scale, unused] = quant_int8(k, km, std::nullopt, 1.0, sage::kAttnBlockK, k_groups, nk_pad, Dp);
+  (void)unused;
+  // fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype
+  const Tensor v_op = accum == static_cast<int64_t>(sage::PVAccum::kFp16Fp32) ? v.to(at::kHalf) : v;
+  const std::optional<Tensor> lse_add = return_lse && smooth_k ? std::optional<Tensor>(q_dot) : std::nullopt;
+  return attn(q8, k8, v_op, q_scale, k_scale, std::nullopt, std::nullopt, lse_add, q_groups, k_groups, nq, nk, D,
+              causal, accum, nhd, return_lse, sm_scale, q.scalar_type(), std::nullopt, std::nullopt, 0);
+}
+#endif
+
 }  // namespace
 
 TORCH_LIBRARY(SAGE_OPS, m) {
@@ -454,6 +490,10 @@ TORCH_LIBRARY(SAGE_OPS, m) {
         "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "
         "bool return_lse, float lse_add_scale, ScalarType out_dtype, Tensor? seq_q=None, Tensor? seq_k=None, "
         "int total_q=0) -> (Tensor, Tensor)");
+#if defined(SAGE_FP16_PV)
+  m.def("quant_attn_fp16(Tensor q, Tensor k, Tensor v, float sm_scale, int q_groups, int k_groups, bool smooth_k, "
+        "bool causal, int accum, bool nhd, bool return_lse) -> (Tensor, Tensor)");
+#endif
 }
 
 TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
@@ -464,6 +504,9 @@ TORCH_LIBRARY_IMPL(SAGE_OPS, CUDA, m) {
   m.impl("quant_attn", &quant_attn);
 #endif
   m.impl("attn", &attn);
+#if defined(SAGE_FP16_PV)
+  m.impl("quant_attn_fp16", &quant_attn_fp16);
+#endif
 }
 
 SAGE_DEFINE_MODULE()

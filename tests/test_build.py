@@ -116,6 +116,17 @@ def test_compile_check_covers_every_kernel_file_and_arch():
         assert got == want
 
 
+def test_compile_check_covers_every_binding_with_its_defines():
+    """Each extension's binding is checked once, with the defines and names setup.py gives it,
+    and every binding file is some extension's."""
+    jobs = compile_check.binding_jobs()
+    assert [f for f, _ in jobs] == list(ca.FAMILIES)
+    for fam, defines in jobs:
+        assert defines == [f"-DSAGE_EXT={fam.ext}", f"-DSAGE_OPS={fam.ops}"] + [f"-D{d}" for d in fam.defines]
+    bindings = {f for f in os.listdir(os.path.join(ca.ROOT, "csrc", "binding")) if f.endswith(".cpp")}
+    assert {os.path.basename(f.binding) for f, _ in jobs} == bindings
+
+
 def test_ptxas_summary_parsing():
     log = ("ptxas info    : Compiling entry function '_Zk1' for 'sm_90'\n"
            "    16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads\n"

@@ -389,6 +389,8 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   // (the same double product the Python side passes to quant_qkv: the same float)
   QkvPlan pl = plan_qkv(op, q, k, v, sm_scale * 1.4426950408889634, q_groups, k_groups, smooth_k, smooth_v, rowdot,
                         v_scale_max, nq_pad, nk_pad, Dp, false, v_terms, std::nullopt, std::nullopt);
+  // (before the work-tile count: the grid is sized by the SM count of the current device)
+  c10::cuda::CUDAGuard guard(q.device());
   sage::AttnParams a{};
   a.batch = q.size(0), a.heads_q = q.size(1), a.heads_kv = k.size(1);
   a.nq = nq, a.nk = nk, a.nq_pad = nq_pad, a.nk_pad = nk_pad, a.d_out = D;
@@ -411,7 +413,6 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   const int ints = 0;
 #endif
   bytes += static_cast<int64_t>(ints) * sizeof(int);
-  c10::cuda::CUDAGuard guard(q.device());
   Tensor work = at::empty({bytes}, q.options().dtype(at::kByte));
   uint8_t* base = work.data_ptr<uint8_t>();
   void* ptr[kQkvBufs];

@@ -355,6 +355,29 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   return attn_run(op, p, q8.options(), fp8, Dp, packed, nhd, return_lse, out_dtype, v.scalar_type(), nullptr);
 }
 
+// quant_attn's and quant_attn_fp16's shared start: q and k checked as [B, H, N, D], the head
+// dim and the row counts, and the sizes the separate ops are given from Python
+// (_cuda.padded_head_dim, queries padded to kAttnBlockQ, keys to the attention's key block).
+struct CallShape {
+  int64_t D, nq, nk, Dp, nq_pad, nk_pad;
+};
+
+CallShape call_shape(const char* op, const Tensor& q, const Tensor& k, int64_t kv_block) {
+  check_input(q, op, "q");
+  check_input(k, op, "k");
+  CallShape c{};
+  c.D = q.size(3), c.nq = q.size(2), c.nk = k.size(2);
+  TORCH_CHECK(c.D >= 1 && c.D <= 256, kOps, "::", op, ": head dim must be 1 to 256, got ", c.D);
+  TORCH_CHECK(c.nq > 0 && c.nk > 0, kOps, "::", op, ": q and k need a row each, got ", c.nq, " and ", c.nk);
+  c.Dp = c.D <= 64 ? 64 : c.D <= 128 ? 128 : 256;
+  c.nq_pad = (c.nq + sage::kAttnBlockQ - 1) / sage::kAttnBlockQ * sage::kAttnBlockQ;
+  c.nk_pad = (c.nk + kv_block - 1) / kv_block * kv_block;
+  return c;
+}
+
+// log2(e): Q's prescale is sm_scale times this, the same double product Python forms
+constexpr double kLog2e = 1.4426950408889634;
+
 #if defined(SAGE_FP8)
 // quant_qkv then attn in one op, for the fp8 families' common call (no packed sequences): what
 // a call through both ops computes, bit for bit, with one op call instead of two, one
@@ -369,26 +392,21 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
                                       double v_scale_max, int64_t v_terms, bool causal, int64_t accum, bool nhd,
                                       bool return_lse) {
   const char* op = "quant_attn";
-  check_input(q, op, "q");
-  check_input(k, op, "k");
-  const int64_t D = q.size(3), nq = q.size(2), nk = k.size(2);
-  TORCH_CHECK(D >= 1 && D <= 256, kOps, "::", op, ": head dim must be 1 to 256, got ", D);
-  TORCH_CHECK(nq > 0 && nk > 0, kOps, "::", op, ": q and k need a row each, got ", nq, " and ", nk);
-  TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
 #if defined(SAGE_SM90)
-  const int64_t kv_block = sage::kSm90BlockK;
+  constexpr int64_t kv_block = sage::kSm90BlockK;
+#else
+  constexpr int64_t kv_block = sage::kAttnBlockK;
+#endif
+  const auto [D, nq, nk, Dp, nq_pad, nk_pad] = call_shape(op, q, k, kv_block);
+#if defined(SAGE_SM90)
   TORCH_CHECK(v_terms == 1 || D <= 128, kOps, "::", op, ": v as two e4m3 terms needs a head dim of at most 128, got ", D);
 #else
-  const int64_t kv_block = sage::kAttnBlockK;
   TORCH_CHECK(v_terms == 1, kOps, "::", op, ": v as two e4m3 terms needs the sm90 kernel");
 #endif
-  const int64_t Dp = D <= 64 ? 64 : D <= 128 ? 128 : 256;
-  const int64_t nq_pad = (nq + sage::kAttnBlockQ - 1) / sage::kAttnBlockQ * sage::kAttnBlockQ;
-  const int64_t nk_pad = (nk + kv_block - 1) / kv_block * kv_block;
+  TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
   const bool rowdot = return_lse && smooth_k;
-  // (the same double product the Python side passes to quant_qkv: the same float)
-  QkvPlan pl = plan_qkv(op, q, k, v, sm_scale * 1.4426950408889634, q_groups, k_groups, smooth_k, smooth_v, rowdot,
-                        v_scale_max, nq_pad, nk_pad, Dp, false, v_terms, std::nullopt, std::nullopt);
+  QkvPlan pl = plan_qkv(op, q, k, v, sm_scale * kLog2e, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
+                        nq_pad, nk_pad, Dp, false, v_terms, std::nullopt, std::nullopt);
   // (before the work-tile count: the grid is sized by the SM count of the current device)
   c10::cuda::CUDAGuard guard(q.device());
   sage::AttnParams a{};
@@ -447,20 +465,12 @@ std::tuple<Tensor, Tensor> quant_attn_fp16(const Tensor& q, const Tensor& k, con
                                            int64_t q_groups, int64_t k_groups, bool smooth_k, bool causal,
                                            int64_t accum, bool nhd, bool return_lse) {
   const char* op = "quant_attn_fp16";
-  check_input(q, op, "q");
-  check_input(k, op, "k");
-  const int64_t D = q.size(3), nq = q.size(2), nk = k.size(2);
-  TORCH_CHECK(D >= 1 && D <= 256, kOps, "::", op, ": head dim must be 1 to 256, got ", D);
-  TORCH_CHECK(nq > 0 && nk > 0, kOps, "::", op, ": q and k need a row each, got ", nq, " and ", nk);
-  const int64_t Dp = D <= 64 ? 64 : D <= 128 ? 128 : 256;
-  const int64_t nq_pad = (nq + sage::kAttnBlockQ - 1) / sage::kAttnBlockQ * sage::kAttnBlockQ;
-  const int64_t nk_pad = (nk + sage::kAttnBlockK - 1) / sage::kAttnBlockK * sage::kAttnBlockK;
+  const auto [D, nq, nk, Dp, nq_pad, nk_pad] = call_shape(op, q, k, sage::kAttnBlockK);
   c10::cuda::CUDAGuard guard(q.device());
   std::optional<Tensor> km;
   if (smooth_k) km = at::mean(k, at::IntArrayRef{2}, false, at::kFloat);
-  // (sm_scale * log2(e) as the same double product Python forms)
-  auto [q8, q_scale, q_dot] = quant_int8(q, std::nullopt, return_lse ? km : std::nullopt,
-                                         sm_scale * 1.4426950408889634, sage::kAttnWarpQ, q_groups, nq_pad, Dp);
+  auto [q8, q_scale, q_dot] = quant_int8(q, std::nullopt, return_lse ? km : std::nullopt, sm_scale * kLog2e,
+                                         sage::kAttnWarpQ, q_groups, nq_pad, Dp);
   auto [k8, k_scale, unused] = quant_int8(k, km, std::nullopt, 1.0, sage::kAttnBlockK, k_groups, nk_pad, Dp);
   (void)unused;
   // fp16 accumulation needs fp16 operands; fp32 accumulation keeps V's own dtype

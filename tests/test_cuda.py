@@ -816,7 +816,7 @@ def test_quant_qkv_v_outliers_off_the_sample(backend, n, layout):
 
 
 @pytest.mark.parametrize("backend", [FP8, SM90])
-def test_quant_qkv_opcheck(backend):
+def test_quant_qkv_and_quant_attn_opcheck(backend):
     _, ext = _need(backend)
     op = _cuda.ops(ext)
     q = torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.float16)
@@ -826,6 +826,9 @@ def test_quant_qkv_opcheck(backend):
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 1, 1, False, False, False, 2.25, 128, nk_pad, 64))
     # V as two e4m3 terms (hi rows, then lo rows)
     torch.library.opcheck(op.quant_qkv, (q, k, v, 0.18, 8, 4, True, False, False, 448.0, 128, nk_pad, 64, False, 2))
+    # and quant_attn, which runs quant_qkv then attn in one op (NHD output and causal in the second)
+    torch.library.opcheck(op.quant_attn, (q, k, v, 0.125, 8, 4, True, False, 448.0, 1, False, 2, False, True))
+    torch.library.opcheck(op.quant_attn, (q, k, v, 0.125, 1, 1, False, False, 448.0, 1, True, 2, True, False))
 
 
 # ---- quant_attn: quant_qkv then attn in one op (what the public functions call) ----
@@ -886,16 +889,6 @@ def test_quant_attn_gives_the_bits_of_quant_qkv_then_attn(case):
         kw["v_fp8_terms"] = 2
     got = fn(q, k, v, **kw)
     assert torch.equal(got[0] if lse else got, ro)
-
-
-@pytest.mark.parametrize("backend", [FP8, SM90])
-def test_quant_attn_opcheck(backend):
-    _, ext = _need(backend)
-    op = _cuda.ops(ext)
-    q = torch.randn(2, 4, 100, 64, device="cuda", dtype=torch.float16)
-    k, v = (torch.randn(2, 2, 90, 64, device="cuda", dtype=torch.float16) for _ in range(2))
-    torch.library.opcheck(op.quant_attn, (q, k, v, 0.125, 8, 4, True, False, 448.0, 1, False, 2, False, True))
-    torch.library.opcheck(op.quant_attn, (q, k, v, 0.125, 1, 1, False, False, 448.0, 1, True, 2, True, False))
 
 
 def test_quant_attn_names_what_it_refuses():

@@ -439,7 +439,8 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   auto stream = c10::cuda::getCurrentCUDAStream();
   // The counter is zeroed first, before quant_qkv's statistics kernel (a plain launch), so that
   // the attention kernel still follows the quantization kernel directly and may start early
-  // (programmatic dependent launch: CONTRIBUTING.md); attn's at::zeros sits between the two.
+  // (programmatic dependent launch: CONTRIBUTING.md); through the two ops, attn's at::zeros sits
+  // between them.
   int* counter = ints > 0 ? reinterpret_cast<int*>(base + off[kQkvBufs]) : nullptr;
   if (counter) check_cuda(cudaMemsetAsync(counter, 0, static_cast<size_t>(ints) * sizeof(int), stream), op);
   check_cuda(sage::quant_qkv(pl.p, stream), op);

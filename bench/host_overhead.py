@@ -16,7 +16,10 @@ with return_lse the cuDNN operator that gives the LSE (_sdpa.sdpa_lse). The sm90
 call is split too: its two op calls alone (quant_qkv, then attn on its outputs), the one op that
 does both (quant_attn, which the function calls where the extension has it) and the function with
 the ops replaced by stubs returning those outputs (its Python part); and the fp16-PV function
-beside its op and the separate op calls that op replaced.
+beside its op and the separate op calls that op replaced. Then ``sageattn_varlen`` on packed
+sequences (offsets on the CPU, so no read-back waits for the GPU): one group of four 1024-token
+sequences, and 2048 + 20 x 64 tokens, which runs as two groups (dispatch.varlen_groups); with
+HOST_VARLEN=only just those rows, HOST_VARLEN=0 none.
 """
 
 import os
@@ -153,10 +156,29 @@ def _fp16_rows(q, k, v):
     return rows
 
 
+VARLEN_SETS = {"4 x 1024": [1024] * 4, "2048 + 20 x 64": [2048] + [64] * 20}
+
+
+def _varlen_rows(heads=16, d=128):
+    """``sageattn_varlen`` (causal and not) on each of VARLEN_SETS, bf16, offsets on the CPU."""
+    rows = {}
+    for name, lens in VARLEN_SETS.items():
+        q, k, v = (torch.randn(sum(lens), heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        for causal in (False, True):
+            rows[f"sageattn_varlen {name}{' causal' if causal else ''}"] = (
+                lambda q=q, k=k, v=v, cu=cu, m=max(lens), c=causal: sa.sageattn_varlen(q, k, v, cu, cu, m, m,
+                                                                                         is_causal=c))
+    return rows
+
+
 def main() -> None:
     # HOST_SHAPES="4x32x1024x64,1x16x512x128" times only these (B x H x N x D)
     chosen = os.environ.get("HOST_SHAPES")
     shapes = [tuple(int(x) for x in s.split("x")) for s in chosen.split(",")] if chosen else SHAPES
+    varlen = os.environ.get("HOST_VARLEN", "1")
+    if varlen == "only":
+        shapes = []
     for b, h, n, d in shapes:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         calls = {
@@ -171,6 +193,10 @@ def main() -> None:
         }
         for name, fn in calls.items():
             print(f"| {LABEL} | {b}x{h}x{n}x{d} | {name} | {host_us(fn, rounds=5):.1f} | {gpu_us(fn):.1f} |", flush=True)
+    if varlen != "0":
+        for name, fn in _varlen_rows().items():
+            print(f"| {LABEL} | packed, 16 heads, D=128 | {name} | {host_us(fn, rounds=5):.1f} | {gpu_us(fn):.1f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

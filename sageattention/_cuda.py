@@ -109,8 +109,11 @@ def _register_fakes(ns: str) -> None:
     if hasattr(getattr(torch.ops, ns), "quant_attn"):
 
         def quant_attn(q, k, v, sm_scale, q_groups, k_groups, smooth_k, smooth_v, v_scale_max, v_terms, causal, accum,
-                       nhd, return_lse):
+                       nhd, return_lse, seq_q=None, seq_k=None, total_q=0):
             b, hq, nq, d = q.shape
+            if seq_q is not None:  # packed sequences: o [total_q, Hq, D], lse [Hq, total_q]
+                return q.new_empty((total_q, hq, d)), q.new_empty((hq, total_q) if return_lse else (0, 0),
+                                                                  dtype=torch.float32)
             o = q.new_empty((b, nq, hq, d) if nhd else (b, hq, nq, d))
             return o, q.new_empty((b, hq, nq) if return_lse else (0, 0, 0), dtype=torch.float32)
 
@@ -197,8 +200,9 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
     entry b is sequence groups[g][b]: quant_qkv reads its rows from the packed tensors (a
     [B, H, max_len, D] view whose entries start at each sequence's offset) into buffers of
     B x max_len rows, and the kernel writes its output rows and LSE straight into packed
-    results, skipping the work tiles past each sequence's end. Each sequence gets what a call
-    on it alone gets (its own K mean, scales and tiles; causal: only its first Nq keys).
+    results, skipping the work tiles past each sequence's end (both in one op, quant_attn).
+    Each sequence gets what a call on it alone gets (its own K mean, scales and tiles; causal:
+    only its first Nq keys).
     Sequences in no group (no queries, or no key their queries see) get zeros and an LSE of
     -inf, as from the Triton kernel."""
     require(fn, SM90)
@@ -212,18 +216,13 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
         return to_device(torch.cat(idx), q3.device) if idx else None
 
     o = lse = None
-    rowdot = return_lse and smooth_k
     for g in groups:
         sq, sk = packed_seqs(lens_q, lens_k, g, is_causal)
         nb, max_q, max_k = len(g), max(sq[1]), max(sk[1])
         seq = to_device(torch.tensor([sq, sk], dtype=torch.int32), q3.device)  # one copy
-        q8, qs, qdot, k8, ks, _, v8, v_scale, _ = op.quant_qkv(
-            packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k), sm_scale * LOG2E,
-            q_groups, k_groups, smooth_k, False, rowdot, FP8_MAX, _ceil(max_q, BLOCK_Q), _ceil(max_k, SM90_BLOCK_K),
-            padded_head_dim(d), False, 1, seq[0], seq[1])
-        og, lg = op.attn(q8, k8, v8, qs, ks, v_scale, None, qdot if rowdot else None, q_groups, k_groups, max_q,
-                         max_k, d, is_causal, ACCUM["fp32+fp32"], True, return_lse, sm_scale, q3.dtype, seq[0],
-                         seq[1], total_q)
+        og, lg = op.quant_attn(packed_view(q3, nb, max_q), packed_view(k3, nb, max_k), packed_view(v3, nb, max_k),
+                               sm_scale, q_groups, k_groups, smooth_k, False, FP8_MAX, 1, is_causal,
+                               ACCUM["fp32+fp32"], True, return_lse, seq[0], seq[1], total_q)
         if o is None:  # the first group's results hold the others' rows too
             o, lse = og, lg
         else:

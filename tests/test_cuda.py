@@ -1056,3 +1056,65 @@ def test_sm90_varlen_runs_skewed_lengths_in_groups(causal, monkeypatch):
     o, lse = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens_k), is_causal=causal, return_lse=True)
     assert len(calls) == 1 and len(calls[0]) == 2 and calls[0][0][0] == 20
     _assert_each_sequence_alone(o, lse, q, k, v, lens, lens_k, causal)
+
+
+def _packed_group_args(causal, d=128):
+    """A group of packed sequences as _cuda.forward_varlen hands it to the ops: the [B, H,
+    max_len, D] views, the offsets on the GPU, the lengths (one sequence without queries, one
+    with a single query, one longer than a work tile)."""
+    lens_q, lens_k = [300, 1, 0, 1200, 64], [280, 5, 3, 1200, 70]
+    q, k, v, _, _ = _packed(lens_q, lens_k, 4, 2, d, torch.bfloat16, seed=3)
+    group = [0, 1, 3, 4]
+    sq, sk = _cuda.packed_seqs(lens_q, lens_k, group, causal)
+    nb, max_q, max_k = len(group), max(sq[1]), max(sk[1])
+    seq = torch.tensor([sq, sk], dtype=torch.int32, device="cuda")
+    views = (_cuda.packed_view(q, nb, max_q), _cuda.packed_view(k, nb, max_k), _cuda.packed_view(v, nb, max_k))
+    return q, views, seq, max_q, max_k
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_quant_attn_packed_gives_the_bits_of_quant_qkv_then_attn(causal):
+    """Packed sequences through quant_attn (what _cuda.forward_varlen calls) give, o and LSE
+    bit for bit, what quant_qkv then attn give on the same views and offsets (forward_varlen's
+    two op calls before)."""
+    _need(SM90)
+    op = _cuda.ops(SM90)
+    d = 128
+    q, views, seq, max_q, max_k = _packed_group_args(causal, d)
+    scale, total_q, accum = d ** -0.5, q.shape[0], _cuda.ACCUM["fp32+fp32"]
+    o, lse = op.quant_attn(*views, scale, 8, 4, True, False, _cuda.FP8_MAX, 1, causal, accum, True, True, seq[0],
+                           seq[1], total_q)
+    q8, qs, qdot, k8, ks, _, v8, vs, _ = op.quant_qkv(
+        *views, scale * _cuda.LOG2E, 8, 4, True, False, True, _cuda.FP8_MAX, _cuda._ceil(max_q, _cuda.BLOCK_Q),
+        _cuda._ceil(max_k, _cuda.SM90_BLOCK_K), _cuda.padded_head_dim(d), False, 1, seq[0], seq[1])
+    ro, rl = op.attn(q8, k8, v8, qs, ks, vs, None, qdot, 8, 4, max_q, max_k, d, causal, accum, True, True, scale,
+                     q.dtype, seq[0], seq[1], total_q)
+    # every packed row belongs to a sequence of the group (the one left out has no queries)
+    assert o.shape == ro.shape == q.shape and lse.shape == rl.shape == (4, total_q)
+    assert torch.equal(o, ro) and torch.isfinite(o).all()
+    assert torch.equal(lse, rl) and torch.isfinite(lse).all()
+    # without the LSE (and so without q . K mean)
+    o2, lse2 = op.quant_attn(*views, scale, 8, 4, True, False, _cuda.FP8_MAX, 1, causal, accum, True, False,
+                             seq[0], seq[1], total_q)
+    assert torch.equal(o2, o) and lse2.shape == (0, 0)
+
+
+def test_quant_attn_packed_opcheck_and_refusals():
+    _need(SM90)
+    op = _cuda.ops(SM90)
+    q, views, seq, _, _ = _packed_group_args(False, 64)
+    accum = _cuda.ACCUM["fp32+fp32"]
+    torch.library.opcheck(op.quant_attn, (*views, 0.125, 8, 4, True, False, 448.0, 1, False, accum, True, True,
+                                          seq[0], seq[1], q.shape[0]))
+    bad = {"v in two terms": dict(v_terms=2), "HND output": dict(nhd=False), "fp32 accumulation": dict(accum=0),
+           "smooth_v": dict(smooth_v=True)}
+    for what, change in bad.items():
+        a = dict(sm_scale=0.125, q_groups=8, k_groups=4, smooth_k=True, smooth_v=False, v_scale_max=448.0, v_terms=1,
+                 causal=False, accum=accum, nhd=True, return_lse=False)
+        a.update(change)
+        with pytest.raises(RuntimeError, match=r"quant_attn: packed sequences \(seq_q, seq_k\) take v in one term, "
+                                               r"fp32\+fp32, nhd, no smooth_v and total_q >= 0"):
+            op.quant_attn(*views, *a.values(), seq[0], seq[1], q.shape[0])
+            pytest.fail(what)
+    with pytest.raises(RuntimeError, match=r"quant_attn: seq_q and seq_k come together"):
+        op.quant_attn(*views, 0.125, 8, 4, True, False, 448.0, 1, False, accum, True, False, seq[0], None, q.shape[0])

@@ -379,19 +379,24 @@ CallShape call_shape(const char* op, const Tensor& q, const Tensor& k, int64_t k
 constexpr double kLog2e = 1.4426950408889634;
 
 #if defined(SAGE_FP8)
-// quant_qkv then attn in one op, for the fp8 families' common call (no packed sequences): what
-// a call through both ops computes, bit for bit, with one op call instead of two, one
+// quant_qkv then attn in one op, for the fp8 families' calls: what a call through both ops
+// computes, bit for bit, with one op call instead of two, one
 // allocation for the nine intermediate tensors and the V work area, and the work-tile counter
 // zeroed by a memset in that allocation (the two op calls took ~47 µs of host time per call on
 // an H200 machine, the Python around them ~15: bench/results/…-db4fa04-host-split.md). q, k, v are
 // [B, H, N, D] (the caller passes NHD inputs transposed; `nhd` is the output's layout); Q is
 // prescaled by sm_scale * log2(e), and with return_lse and smooth_k the LSE gets q . (K mean)
-// back, as the two ops are called. v_terms 2: the Hopper kernel only.
+// back, as the two ops are called. v_terms 2: the Hopper kernel only. Packed sequences (the
+// Hopper kernel, V in one term, fp32+fp32, nhd): seq_q and seq_k as quant_qkv and attn take
+// them, q, k, v the [B, H, max_len, D] views of _cuda.packed_view, o [total_q, Hq, D] and the
+// LSE [Hq, total_q].
 std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Tensor& v, double sm_scale,
                                       int64_t q_groups, int64_t k_groups, bool smooth_k, bool smooth_v,
                                       double v_scale_max, int64_t v_terms, bool causal, int64_t accum, bool nhd,
-                                      bool return_lse) {
+                                      bool return_lse, const std::optional<Tensor>& seq_q,
+                                      const std::optional<Tensor>& seq_k, int64_t total_q) {
   const char* op = "quant_attn";
+  const bool packed = seq_q.has_value();
 #if defined(SAGE_SM90)
   constexpr int64_t kv_block = sage::kSm90BlockK;
 #else
@@ -404,9 +409,19 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   TORCH_CHECK(v_terms == 1, kOps, "::", op, ": v as two e4m3 terms needs the sm90 kernel");
 #endif
   TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
+#if defined(SAGE_SM90)
+  TORCH_CHECK(!packed || (v_terms == 1 && nhd && !smooth_v && total_q >= 0 &&
+                          accum == static_cast<int64_t>(sage::PVAccum::kFp32Fp32)),
+              kOps, "::", op, ": packed sequences (seq_q, seq_k) take v in one term, fp32+fp32, nhd, no smooth_v and "
+              "total_q >= 0");
+#else
+  TORCH_CHECK(!packed && !seq_k, kOps, "::", op, ": packed sequences (seq_q, seq_k) need the sm90 kernel");
+  (void)total_q;
+#endif
   const bool rowdot = return_lse && smooth_k;
+  // (plan_qkv checks that seq_q and seq_k come together and are [2, B] int32 on q's device)
   QkvPlan pl = plan_qkv(op, q, k, v, sm_scale * kLog2e, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
-                        nq_pad, nk_pad, Dp, false, v_terms, std::nullopt, std::nullopt);
+                        nq_pad, nk_pad, Dp, false, v_terms, seq_q, seq_k);
   // (before the work-tile count: the grid is sized by the SM count of the current device)
   c10::cuda::CUDAGuard guard(q.device());
   sage::AttnParams a{};
@@ -416,6 +431,11 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   a.accum = static_cast<sage::PVAccum>(accum);
   a.q_groups = q_groups, a.k_groups = k_groups;
   a.v_terms = static_cast<int>(v_terms);
+#if defined(SAGE_SM90)
+  // (before the work-tile count: packed calls always take the counter)
+  a.seq_q = pl.p.q.seqs, a.seq_k = pl.p.k.seqs;
+  a.total_q = static_cast<int>(total_q);
+#endif
   // one allocation: the buffers at 512-byte offsets (the caching allocator's own alignment,
   // which the separate tensors get), then the counter's ints
   int64_t off[kQkvBufs + 1];
@@ -452,7 +472,7 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   if (rowdot) a.lse_add = pl.p.q_rowdot, a.lse_add_scale = static_cast<float>(sm_scale);
   // `work` is freed on return: the caching allocator hands its memory out again only to work
   // queued after these kernels on this stream
-  return attn_run(op, a, q.options(), true, Dp, false, nhd, return_lse, q.scalar_type(), at::kFloat8_e4m3fn, counter);
+  return attn_run(op, a, q.options(), true, Dp, packed, nhd, return_lse, q.scalar_type(), at::kFloat8_e4m3fn, counter);
 }
 #endif
 
@@ -495,8 +515,8 @@ TORCH_LIBRARY(SAGE_OPS, m) {
         "-> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("quant_attn(Tensor q, Tensor k, Tensor v, float sm_scale, int q_groups, int k_groups, bool smooth_k, "
-        "bool smooth_v, float v_scale_max, int v_terms, bool causal, int accum, bool nhd, bool return_lse) "
-        "-> (Tensor, Tensor)");
+        "bool smooth_v, float v_scale_max, int v_terms, bool causal, int accum, bool nhd, bool return_lse, "
+        "Tensor? seq_q=None, Tensor? seq_k=None, int total_q=0) -> (Tensor, Tensor)");
 #endif
   m.def("attn(Tensor q8, Tensor k8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? v_scale, Tensor? v_mean, "
         "Tensor? lse_add, int q_groups, int k_groups, int nq, int nk, int d_out, bool causal, int accum, bool nhd, "

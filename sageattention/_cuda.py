@@ -2,9 +2,9 @@
 
 Each step is a torch custom op registered by the extension (``torch.ops.<ns>.quant_int8``,
 ``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``); a call
-runs them as one op, ``quant_attn`` (quant_qkv then attn) or ``quant_attn_fp16`` (the fp16-PV
-family's K mean, quant_int8 of Q and K, attn: csrc/binding/ops.cpp), for the host time of one op
-call instead of several. Their fake implementations are registered here, so
+(and each group of packed sequences) runs them as one op, ``quant_attn`` (quant_qkv then attn)
+or ``quant_attn_fp16`` (the fp16-PV family's K mean, quant_int8 of Q and K, attn:
+csrc/binding/ops.cpp), for the host time of one op call instead of several. Their fake implementations are registered here, so
 ``torch.compile(sageattn, fullgraph=True)`` traces the whole pipeline without a graph break.
 """
 

@@ -1077,8 +1077,8 @@ def test_quant_attn_packed_gives_the_bits_of_quant_qkv_then_attn(causal):
     """Packed sequences through quant_attn (what _cuda.forward_varlen calls) give, o and LSE
     bit for bit, what quant_qkv then attn give on the same views and offsets (forward_varlen's
     two op calls before)."""
-    _need(SM90)
-    op = _cuda.ops(SM90)
+    _, ext = _need(SM90)
+    op = _cuda.ops(ext)
     d = 128
     q, views, seq, max_q, max_k = _packed_group_args(causal, d)
     scale, total_q, accum = d ** -0.5, q.shape[0], _cuda.ACCUM["fp32+fp32"]
@@ -1100,8 +1100,8 @@ def test_quant_attn_packed_gives_the_bits_of_quant_qkv_then_attn(causal):
 
 
 def test_quant_attn_packed_opcheck_and_refusals():
-    _need(SM90)
-    op = _cuda.ops(SM90)
+    _, ext = _need(SM90)
+    op = _cuda.ops(ext)
     q, views, seq, _, _ = _packed_group_args(False, 64)
     accum = _cuda.ACCUM["fp32+fp32"]
     torch.library.opcheck(op.quant_attn, (*views, 0.125, 8, 4, True, False, 448.0, 1, False, accum, True, True,

@@ -4,8 +4,9 @@ Each step is a torch custom op registered by the extension (``torch.ops.<ns>.qua
 ``quant_v_fp8``, ``attn``; the fp8 families quantize Q, K and V with one ``quant_qkv``); a call
 (and each group of packed sequences) runs them as one op, ``quant_attn`` (quant_qkv then attn)
 or ``quant_attn_fp16`` (the fp16-PV family's K mean, quant_int8 of Q and K, attn:
-csrc/binding/ops.cpp), for the host time of one op call instead of several. Their fake implementations are registered here, so
-``torch.compile(sageattn, fullgraph=True)`` traces the whole pipeline without a graph break.
+csrc/binding/ops.cpp), for the host time of one op call instead of several. Their fake
+implementations are registered here, so ``torch.compile(sageattn, fullgraph=True)`` traces the
+whole pipeline without a graph break.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
     -inf, as from the Triton kernel."""
     require(fn, SM90)
     op = ops(SM90)
-    d, total_q = q3.shape[2], q3.shape[0]
+    total_q = q3.shape[0]
     q_groups, k_groups = (8, 4) if qk_quant_gran == "per_thread" else (1, 1)
     starts = list(accumulate(lens_q, initial=0))
 

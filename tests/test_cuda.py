@@ -1112,8 +1112,8 @@ def test_quant_attn_packed_opcheck_and_refusals():
         a = dict(sm_scale=0.125, q_groups=8, k_groups=4, smooth_k=True, smooth_v=False, v_scale_max=448.0, v_terms=1,
                  causal=False, accum=accum, nhd=True, return_lse=False)
         a.update(change)
-        with pytest.raises(RuntimeError, match=r"quant_attn: packed sequences \(seq_q, seq_k\) take v in one term, "
-                                               r"fp32\+fp32, nhd, no smooth_v and total_q >= 0"):
+        with pytest.raises(RuntimeError, match=r"quant_attn: packed sequences \(seq_q, seq_k\) take v as one e4m3 "
+                                               r"term, fp32\+fp32, no v mean, nhd and total_q >= 0"):
             op.quant_attn(*views, *a.values(), seq[0], seq[1], q.shape[0])
             pytest.fail(what)
     with pytest.raises(RuntimeError, match=r"quant_attn: seq_q and seq_k come together"):

@@ -218,6 +218,23 @@ Tensor prepare_v(const Tensor& v, int64_t d_pad) {
   return out;
 }
 
+// attn's and quant_attn's check of packed sequences (seq_q, seq_k): only the Hopper kernel
+// takes them, with V as one e4m3 term (`fp8_one_term`), the fp32+fp32 mode, no V mean, the packed
+// output (`nhd`: o [total_q, Hq, D]) and total_q >= 0.
+void check_packed(const char* op, const std::optional<Tensor>& seq_q, const std::optional<Tensor>& seq_k,
+                  bool fp8_one_term, int64_t accum, bool v_mean, bool nhd, int64_t total_q) {
+#if defined(SAGE_SM90)
+  TORCH_CHECK(seq_q.has_value() == seq_k.has_value(), kOps, "::", op, ": seq_q and seq_k come together");
+  TORCH_CHECK(!seq_q || (fp8_one_term && accum == static_cast<int64_t>(sage::PVAccum::kFp32Fp32) && !v_mean && nhd &&
+                         total_q >= 0),
+              kOps, "::", op, ": packed sequences (seq_q, seq_k) take v as one e4m3 term, fp32+fp32, no v mean, "
+              "nhd and total_q >= 0");
+#else
+  (void)fp8_one_term, (void)accum, (void)v_mean, (void)nhd, (void)total_q;
+  TORCH_CHECK(!seq_q && !seq_k, kOps, "::", op, ": packed sequences (seq_q, seq_k) need the sm90 kernel");
+#endif
+}
+
 // attn's and quant_attn's tail, on checked parameters: o and the LSE allocated and pointed
 // to, the Hopper kernel's work-tile counter where it takes one (`counter`: zeroed ints already
 // on the stream, or null to allocate them here), the launch.
@@ -328,15 +345,11 @@ std::tuple<Tensor, Tensor> attn(const Tensor& q8, const Tensor& k8, const Tensor
   }
   // packed sequences: o [total_q, Hq, d_out] and lse [Hq, total_q] (the Hopper kernel only)
   const bool packed = seq_q.has_value();
+  check_packed(op, seq_q, seq_k, fp8 && p.v_terms == 1, accum, v_mean.has_value(), nhd, total_q);
 #if defined(SAGE_SM90)
-  TORCH_CHECK(packed == seq_k.has_value() && (!packed || (fp8 && p.v_terms == 1 && nhd && total_q >= 0)), kOps,
-              "::", op, ": seq_q and seq_k come together, with fp8 v in one term, nhd and total_q >= 0");
   p.seq_q = seqs_of(seq_q, op, "seq_q", B, q8);
   p.seq_k = seqs_of(seq_k, op, "seq_k", B, q8);
   p.total_q = static_cast<int>(total_q);
-#else
-  TORCH_CHECK(!packed && !seq_k, kOps, "::", op, ": packed sequences (seq_q, seq_k) need the sm90 kernel");
-  (void)total_q;
 #endif
   p.q = q8.data_ptr<int8_t>(), p.k = k8.data_ptr<int8_t>(), p.v = vk.data_ptr();
   p.v_stride_b = vk.stride(0), p.v_stride_h = vk.stride(1), p.v_stride_n = vk.stride(2);
@@ -380,8 +393,8 @@ constexpr double kLog2e = 1.4426950408889634;
 
 #if defined(SAGE_FP8)
 // quant_qkv then attn in one op, for the fp8 families' calls: what a call through both ops
-// computes, bit for bit, with one op call instead of two, one
-// allocation for the nine intermediate tensors and the V work area, and the work-tile counter
+// computes, bit for bit, with one op call instead of two, one allocation for the nine
+// intermediate tensors and the V work area, and the work-tile counter
 // zeroed by a memset in that allocation (the two op calls took ~47 µs of host time per call on
 // an H200 machine, the Python around them ~15: bench/results/…-db4fa04-host-split.md). q, k, v are
 // [B, H, N, D] (the caller passes NHD inputs transposed; `nhd` is the output's layout); Q is
@@ -409,17 +422,9 @@ std::tuple<Tensor, Tensor> quant_attn(const Tensor& q, const Tensor& k, const Te
   TORCH_CHECK(v_terms == 1, kOps, "::", op, ": v as two e4m3 terms needs the sm90 kernel");
 #endif
   TORCH_CHECK(accum >= 0 && accum <= 3, kOps, "::", op, ": accum must be 0..3, got ", accum);
-#if defined(SAGE_SM90)
-  TORCH_CHECK(!packed || (v_terms == 1 && nhd && !smooth_v && total_q >= 0 &&
-                          accum == static_cast<int64_t>(sage::PVAccum::kFp32Fp32)),
-              kOps, "::", op, ": packed sequences (seq_q, seq_k) take v in one term, fp32+fp32, nhd, no smooth_v and "
-              "total_q >= 0");
-#else
-  TORCH_CHECK(!packed && !seq_k, kOps, "::", op, ": packed sequences (seq_q, seq_k) need the sm90 kernel");
-  (void)total_q;
-#endif
+  check_packed(op, seq_q, seq_k, v_terms == 1, accum, smooth_v, nhd, total_q);
   const bool rowdot = return_lse && smooth_k;
-  // (plan_qkv checks that seq_q and seq_k come together and are [2, B] int32 on q's device)
+  // (plan_qkv checks that seq_q and seq_k are [2, B] int32 on q's device)
   QkvPlan pl = plan_qkv(op, q, k, v, sm_scale * kLog2e, q_groups, k_groups, smooth_k, smooth_v, rowdot, v_scale_max,
                         nq_pad, nk_pad, Dp, false, v_terms, seq_q, seq_k);
   // (before the work-tile count: the grid is sized by the SM count of the current device)

@@ -638,16 +638,19 @@ def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int],
     if backend != "cuda_sm90":
         return None
     seen_k = seen_keys(lens_q, lens_k, causal)
-    work = sorted((i for i, (a, b) in enumerate(zip(lens_q, seen_k)) if a and b),
-                  key=lambda i: (-max(lens_q[i], seen_k[i]), i))
+    longest = [max(a, b) if a and b else 0 for a, b in zip(lens_q, seen_k)]
+    work = sorted((i for i, n in enumerate(longest) if n), key=lambda i: (-longest[i], i))
     groups: List[List[int]] = []
+    g: List[int] = []
+    mq = mk = rows = 0  # the group g's longest queries and keys and its rows, kept as it grows
     for i in work:
-        g = groups[-1] if groups else None
-        if g is not None:
-            mq, mk = max(lens_q[j] for j in g + [i]), max(seen_k[j] for j in g + [i])
-            rows = sum(lens_q[j] + seen_k[j] for j in g) + lens_q[i] + seen_k[i]
-            if (len(g) + 1) * (mq + mk) <= VARLEN_PADDING * rows:
-                g.append(i)
-                continue
-        groups.append([i])
+        nq, nk = lens_q[i], seen_k[i]
+        mq2, mk2 = (mq if mq > nq else nq), (mk if mk > nk else nk)
+        if g and (len(g) + 1) * (mq2 + mk2) <= VARLEN_PADDING * (rows + nq + nk):
+            g.append(i)
+            mq, mk, rows = mq2, mk2, rows + nq + nk
+        else:
+            g = [i]
+            groups.append(g)
+            mq, mk, rows = nq, nk, nq + nk
     return groups or None

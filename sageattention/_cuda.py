@@ -16,7 +16,7 @@ from itertools import accumulate
 import torch
 
 from ._ops import ops, register_family, require
-from ._staging import to_device
+from ._staging import rows_index, to_device
 from .dispatch import seen_keys
 
 LOG2E = 1.4426950408889634
@@ -213,8 +213,7 @@ def forward_varlen(fn: str, q3, k3, v3, lens_q, lens_k, groups, is_causal: bool,
     starts = list(accumulate(lens_q, initial=0))
 
     def rows_of(seqs):  # packed query rows of these sequences, as an index on the device
-        idx = [torch.arange(starts[i], starts[i] + lens_q[i]) for i in seqs]
-        return to_device(torch.cat(idx), q3.device) if idx else None
+        return rows_index([starts[i] for i in seqs], [lens_q[i] for i in seqs], q3.device) if seqs else None
 
     o = lse = None
     for g in groups:

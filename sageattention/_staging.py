@@ -12,7 +12,7 @@ that reads it may live as long), so every replay copies the values of the captur
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 
@@ -29,6 +29,16 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
             _KEPT[key] = host.pin_memory()
         host = _KEPT[key]
     return host.to(device, non_blocking=True)  # pageable outside capture: staged by the driver at once
+
+
+def rows_index(first: Sequence[int], count: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The rows ``first[i]`` to ``first[i] + count[i] - 1`` of every i in turn, as one int64 index
+    on ``device``: built with a few whole-tensor operations, not one per sequence (a call may
+    pack thousands of them), and copied like any table here."""
+    first_t, count_t = torch.tensor([list(first), list(count)], dtype=torch.int64).reshape(2, -1).unbind()
+    # row r of the index: its sequence's first row, plus r less the rows of the sequences before it
+    shift = torch.repeat_interleave(first_t - (count_t.cumsum(0) - count_t), count_t)
+    return to_device(shift + torch.arange(shift.numel()), device)
 
 
 def kept_tables() -> int:

@@ -476,10 +476,9 @@ def _seen_rows(k, v, lens_q, lens_k, is_causal):
     seen = dispatch.seen_keys(lens_q, lens_k, is_causal)
     if seen == list(lens_k):
         return k, v, lens_k
-    from ._staging import to_device
+    from ._staging import rows_index
 
-    starts = accumulate(lens_k, initial=0)
-    idx = to_device(torch.cat([torch.arange(a, a + n) for a, n in zip(starts, seen)]), k.device)
+    idx = rows_index(list(accumulate(lens_k, initial=0))[:-1], seen, k.device)
     return k.index_select(0, idx), v.index_select(0, idx), seen
 
 

@@ -450,3 +450,62 @@ def test_packed_sequences_layout_for_the_hopper_kernel(causal):
             entry = view[0].as_strided((t.shape[1], seq[1][b], 8), view.stride()[1:],
                                        view.storage_offset() + seq[0][b] * view.stride(2))
             assert torch.equal(entry, t[start:start + seq[1][b]].transpose(0, 1))
+
+
+@pytest.mark.parametrize("return_lse", [False, True], ids=["o", "o+lse"])
+def test_packed_groups_are_put_together_in_one_output(monkeypatch, return_lse):
+    """_cuda.forward_varlen with the op replaced by a stand-in that marks each row it is given
+    with its call's number (and garbage elsewhere): every packed row ends with the mark of the
+    group that holds its sequence, rows of sequences in no group (queries but no key) with 0
+    and an LSE of -inf, whatever order the groups list the sequences in."""
+    from sageattention import _cuda
+
+    lens_q = [3, 0, 6, 2, 4, 5, 1]
+    lens_k = [3, 2, 6, 0, 4, 5, 9]
+    groups = [[2, 5], [4, 0, 6]]  # sequence 3 has queries but no keys: in no group
+    starts = [sum(lens_q[:i]) for i in range(len(lens_q))]
+    total, heads, d = sum(lens_q), 2, 8
+    calls = []
+
+    class Op:
+        def quant_attn(self, q, k, v, *args):
+            seq_q, total_q, want_lse = args[-3], args[-1], args[-4]
+            assert total_q == total and want_lse == return_lse
+            calls.append(seq_q.tolist())
+            o = torch.full((total_q, heads, d), float("nan"))
+            lse = torch.full((heads, total_q), float("nan"))
+            for start, count in zip(*seq_q.tolist()):
+                o[start:start + count] = len(calls)
+                lse[:, start:start + count] = 10.0 * len(calls)
+            return o, lse
+
+    monkeypatch.setattr(_cuda, "require", lambda fn, module: None)
+    monkeypatch.setattr(_cuda, "ops", lambda module: Op())
+    q = torch.randn(total, heads, d)
+    k = v = torch.randn(sum(lens_k), heads, d)
+    o, lse = _cuda.forward_varlen("sageattn_varlen", q, k, v, lens_q, lens_k, groups, False, 0.3,
+                                  "per_warp", True, return_lse)
+    assert calls == [[[starts[i] for i in g], [lens_q[i] for i in g]] for g in groups]
+    mark = {i: n + 1 for n, g in enumerate(groups) for i in g}
+    for i, (start, count) in enumerate(zip(starts, lens_q)):
+        rows = slice(start, start + count)
+        assert torch.equal(o[rows], torch.full((count, heads, d), float(mark.get(i, 0)))), i
+        if return_lse:
+            want = 10.0 * mark[i] if i in mark else float("-inf")
+            assert torch.equal(lse[:, rows], torch.full((heads, count), want)), i
+    assert lse is None or return_lse
+
+
+@pytest.mark.parametrize("first,count", [
+    ([9, 0, 20], [11, 5, 3]),   # out of order
+    ([4, 7, 7], [3, 0, 2]),     # a sequence with no rows
+    ([5], [0]),
+    ([], []),
+])
+def test_rows_index_lists_each_sequences_rows_in_turn(first, count):
+    """_staging.rows_index (the packed paths' row gathers) against the plain per-sequence list."""
+    from sageattention._staging import rows_index
+
+    idx = rows_index(first, count, torch.device("cpu"))
+    assert idx.dtype == torch.int64
+    assert idx.tolist() == [r for a, n in zip(first, count) for r in range(a, a + n)]

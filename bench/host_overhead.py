@@ -18,8 +18,8 @@ does both (quant_attn, which the function calls where the extension has it) and 
 the ops replaced by stubs returning those outputs (its Python part); and the fp16-PV function
 beside its op and the separate op calls that op replaced. Then ``sageattn_varlen`` on packed
 sequences (offsets on the CPU, so no read-back waits for the GPU): one group of four 1024-token
-sequences, and 2048 + 20 x 64 tokens, which runs as two groups (dispatch.varlen_groups); with
-HOST_VARLEN=only just those rows, HOST_VARLEN=0 none.
+sequences, 2048 + 20 x 64 tokens, which runs as two groups (dispatch.varlen_groups), and two sets
+of a thousand sequences (VARLEN_SETS); with HOST_VARLEN=only just those rows, HOST_VARLEN=0 none.
 """
 
 import os
@@ -156,7 +156,13 @@ def _fp16_rows(q, k, v):
     return rows
 
 
-VARLEN_SETS = {"4 x 1024": [1024] * 4, "2048 + 20 x 64": [2048] + [64] * 20}
+VARLEN_SETS = {
+    "4 x 1024": [1024] * 4,
+    "2048 + 20 x 64": [2048] + [64] * 20,
+    # many sequences: the host work that grows with their number (grouping, row indices)
+    "1000 x 1-512": [1 + (37 * i * i + 11 * i) % 512 for i in range(1000)],
+    "4096 + 1000 x 32": [4096] + [32] * 1000,
+}
 
 
 def _varlen_rows(heads=16, d=128):

@@ -33,12 +33,15 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def rows_index(first: Sequence[int], count: Sequence[int], device: torch.device) -> torch.Tensor:
     """The rows ``first[i]`` to ``first[i] + count[i] - 1`` of every i in turn, as one int64 index
-    on ``device``: built with a few whole-tensor operations, not one per sequence (a call may
-    pack thousands of them), and copied like any table here."""
-    first_t, count_t = torch.tensor([list(first), list(count)], dtype=torch.int64).reshape(2, -1).unbind()
+    on ``device``. Only the ``[2, len(first)]`` table is copied; the index is built there by a few
+    whole-tensor operations (a call may pack thousands of sequences, and an index of every row
+    copied from pageable memory can make the host wait for the GPU's queue)."""
+    total = sum(count)
+    table = to_device(torch.tensor([list(first), list(count)], dtype=torch.int64).reshape(2, -1), device)
+    first_t, count_t = table.unbind()
     # row r of the index: its sequence's first row, plus r less the rows of the sequences before it
-    shift = torch.repeat_interleave(first_t - (count_t.cumsum(0) - count_t), count_t)
-    return to_device(shift + torch.arange(shift.numel()), device)
+    shift = torch.repeat_interleave(first_t - (count_t.cumsum(0) - count_t), count_t, output_size=total)
+    return shift + torch.arange(total, device=device)
 
 
 def kept_tables() -> int:

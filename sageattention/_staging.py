@@ -12,6 +12,7 @@ that reads it may live as long), so every replay copies the values of the captur
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Dict, Sequence, Tuple
 
 import torch
@@ -33,15 +34,19 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def rows_index(first: Sequence[int], count: Sequence[int], device: torch.device) -> torch.Tensor:
     """The rows ``first[i]`` to ``first[i] + count[i] - 1`` of every i in turn, as one int64 index
-    on ``device``. Only the ``[2, len(first)]`` table is copied; the index is built there by a few
-    whole-tensor operations (a call may pack thousands of sequences, and an index of every row
-    copied from pageable memory can make the host wait for the GPU's queue)."""
-    total = sum(count)
-    table = to_device(torch.tensor([list(first), list(count)], dtype=torch.int64).reshape(2, -1), device)
-    first_t, count_t = table.unbind()
-    # row r of the index: its sequence's first row, plus r less the rows of the sequences before it
-    shift = torch.repeat_interleave(first_t - (count_t.cumsum(0) - count_t), count_t, output_size=total)
-    return shift + torch.arange(total, device=device)
+    on ``device``. Only a ``[2, len(first)]`` table is copied and the index is built there, by
+    operations that never wait for the GPU: an index of every row copied from pageable memory
+    made the host wait for the GPU's queue once it held thousands of rows, and so does
+    ``repeat_interleave`` on CUDA (both seen on an H200, bench/host_overhead.py)."""
+    before = list(accumulate(count, initial=0))  # rows of the index before each sequence's
+    total = before.pop()
+    table = to_device(torch.tensor([list(first), before], dtype=torch.int64).reshape(2, -1), device)
+    first_t, before_t = table.unbind()
+    r = torch.arange(total, device=device)
+    # the sequence of index row r: the last one that starts at or before r (one with no rows
+    # starts where the next begins, so it is never the last)
+    seq = torch.searchsorted(before_t, r, right=True) - 1
+    return first_t[seq] + (r - before_t[seq])
 
 
 def kept_tables() -> int:

@@ -500,6 +500,7 @@ def test_packed_groups_are_put_together_in_one_output(monkeypatch, return_lse):
     ([9, 0, 20], [11, 5, 3]),   # out of order
     ([4, 7, 7], [3, 0, 2]),     # a sequence with no rows
     ([5], [0]),
+    ([3, 8, 1, 2], [0, 2, 0, 0]),  # empty sequences first and last
     ([], []),
 ])
 def test_rows_index_lists_each_sequences_rows_in_turn(first, count):

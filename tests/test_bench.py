@@ -586,3 +586,56 @@ def test_loop_spill_counts_the_innermost_loop_that_issues_wgmma():
     assert ls.key_loop(funcs[name]) == (5, 1, 1)  # 0x20..0x60: IGMMA, LDL, QGMMA, STL, BRA
     assert ls.key_loop(funcs["other"]) is None  # a loop without wgmma is not the key loop
     assert ls.demangled_args(name) == "<128,3,bf16,2,1,0,128>"
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda in bench/timing.py: the sleep "ends" (its event reports done)
+    once more than `queue` calls were made after it, as when a filled launch queue or a syncing
+    call makes the host wait for the GPU."""
+
+    def __init__(self, queue):
+        self.queue, self.since_sleep, self.rounds = queue, 0, []
+
+    def _sleep(self, cycles):
+        self.since_sleep = 0
+
+    def synchronize(self):
+        pass
+
+    def call(self):
+        self.since_sleep += 1
+
+    def Event(self):  # noqa: N802 (torch's name)
+        fake = self
+
+        class _Event:
+            def record(self):
+                fake.rounds.append(0)
+
+            def query(self):
+                fake.rounds[-1] = fake.since_sleep
+                return fake.since_sleep > fake.queue
+
+        return _Event()
+
+
+@pytest.mark.parametrize("queue,want_calls", [(1000, 50), (20, 12), (3, 3)])
+def test_host_time_counts_only_rounds_the_gpu_stayed_busy_through(monkeypatch, queue, want_calls):
+    """timing.host_us halves the calls of a round in which the sleep ended before the calls
+    returned, and keeps only rounds in which it did not: 50, then 25, 12, ... until they fit."""
+    timing = bench_script("timing", "timing_script")
+    fake = _FakeCuda(queue)
+    monkeypatch.setattr(timing.torch, "cuda", fake)
+    host = timing.host_us(fake.call, calls=50, rounds=3)
+    assert host == host and host > 0  # not NaN
+    kept = [n for n in fake.rounds if n <= queue]
+    assert kept == [want_calls] * 3 and len(fake.rounds) - 3 == [50, 25, 12, 6, 3].index(want_calls)
+
+
+def test_host_time_of_a_call_that_waits_for_the_gpu_is_nan(monkeypatch):
+    timing = bench_script("timing", "timing_script")
+    fake = _FakeCuda(0)  # every call outlasts the sleep
+    monkeypatch.setattr(timing.torch, "cuda", fake)
+    host = timing.host_us(fake.call, calls=50, rounds=3)
+    assert host != host
+    assert fake.rounds == [50, 25, 12, 6, 3, 1]

@@ -249,8 +249,10 @@ def check_cu_seqlens(fn: str, name: str, cu: Any, total: int, device: torch.devi
     lens = [b - a for a, b in zip(host[:-1], host[1:])]
     if host[0] != 0:
         raise ValueError(f"{fn}: {name}[0] must be 0, got {host[0]}")
-    if any(n < 0 for n in lens):
-        raise ValueError(f"{fn}: {name} must be non-decreasing, got {_fmt(host)}")
+    if lens and min(lens) < 0:
+        i = next(i for i, n in enumerate(lens) if n < 0) + 1
+        raise ValueError(f"{fn}: {name} must be non-decreasing, got {_fmt(host)}: "
+                         f"{name}[{i}]={host[i]} after {name}[{i - 1}]={host[i - 1]}")
     if host[-1] != total:
         raise ValueError(
             f"{fn}: {name}[-1] must equal the number of packed tokens ({total}), got {host[-1]}"

@@ -135,7 +135,10 @@ CASES = [
     ("varlen-cu-start", _var(cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32, device=DEV)), ValueError,
      ["cu_seqlens_q[0]", "1"]),
     ("varlen-cu-decreasing", _var(cu_seqlens_k=torch.tensor([0, 6, 4, 10], dtype=torch.int32, device=DEV)), ValueError,
-     ["cu_seqlens_k", "non-decreasing", "[0, 6, 4, 10]"]),
+     ["cu_seqlens_k", "non-decreasing", "[0, 6, 4, 10]", "cu_seqlens_k[2]=4 after cu_seqlens_k[1]=6"]),
+    # a long list is cut short in the message: the place where it decreases is named
+    ("varlen-cu-decreasing-long", _var(cu_seqlens_k=torch.tensor([0] + [1] * 40 + [0, 10], dtype=torch.int32, device=DEV)),
+     ValueError, ["non-decreasing", "cu_seqlens_k[41]=0 after cu_seqlens_k[40]=1"]),
     ("varlen-cu-total", _var(cu_seqlens_q=torch.tensor([0, 4, 9], dtype=torch.int32, device=DEV)), ValueError,
      ["cu_seqlens_q[-1]", "10", "9"]),
     ("varlen-cu-device", _var(cu_seqlens_k=torch.tensor([0, 4, 10], dtype=torch.int32, device="meta")), ValueError,

@@ -639,7 +639,8 @@ def varlen_groups(backend: str, lens_q: Sequence[int], lens_k: Sequence[int],
         return None
     seen_k = seen_keys(lens_q, lens_k, causal)
     longest = [max(a, b) if a and b else 0 for a, b in zip(lens_q, seen_k)]
-    work = sorted((i for i, n in enumerate(longest) if n), key=lambda i: (-longest[i], i))
+    # longest first, ties in index order (a reversed sort keeps equal items in their order)
+    work = [i for i in sorted(range(len(longest)), key=longest.__getitem__, reverse=True) if longest[i]]
     groups: List[List[int]] = []
     g: List[int] = []
     mq = mk = rows = 0  # the group g's longest queries and keys and its rows, kept as it grows

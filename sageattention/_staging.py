@@ -34,11 +34,11 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def rows_index(first: Sequence[int], count: Sequence[int], device: torch.device) -> torch.Tensor:
     """The rows ``first[i]`` to ``first[i] + count[i] - 1`` of every i in turn, as one int64 index
-    on ``device``. Only a ``[2, len(first)]`` table is copied and the index is built there, by
-    operations that never wait for the GPU: an index of every row copied from pageable memory
-    made the host wait for the GPU's queue once it held thousands of rows, and so does
-    ``repeat_interleave`` on CUDA (both seen on an H200, bench/host_overhead.py)."""
-    before = list(accumulate(count, initial=0))  # rows of the index before each sequence's
+    on ``device``. Only a ``[2, len(first)]`` table is copied and the index is built there: an
+    index of every row copied from pageable memory made the host wait for the GPU's queue once
+    it held ~256 KB (an H200,
+    bench/results/2026-11-29-NVIDIA_H200-557d942-varlen-many-sequences.md)."""
+    before = list(accumulate(count, initial=0))  # where each sequence's rows start in the index
     total = before.pop()
     table = to_device(torch.tensor([list(first), before], dtype=torch.int64).reshape(2, -1), device)
     first_t, before_t = table.unbind()

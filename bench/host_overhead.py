@@ -6,7 +6,9 @@
     HOST_SHAPES=4x32x1024x64,1x16x512x128 python bench/host_overhead.py ...   (only these shapes)
 
 Host µs/call: the GPU is held busy by a sleep kernel while 50 calls are queued; the wall time per
-call is then what the CPU spends (checks, dispatch, the op calls, the launches); best of 5. GPU µs:
+call is then what the CPU spends (checks, dispatch, the op calls, the launches); best of 5 rounds
+the GPU stayed busy through (fewer calls per round where it did not; nan: the call waits for the
+GPU by itself; timing.host_us). GPU µs:
 do_bench median of three (a call whose host time exceeds its GPU time is host-bound, and do_bench
 then measures the host). Prints Markdown rows: label, B x H x N x D, call, host µs, GPU µs.
 On an H100 sageattn hands these shapes to SDPA (dispatch.HAND_OVER), so its rows time that route,

@@ -8,7 +8,8 @@ For each shape it prints, in microseconds:
   - each stage of the sm90 pipeline alone (do_bench on prepared inputs): the separate
     quantization ops, and quant_qkv, which replaces them (its kernels also profiled);
   - the host time of one call: the GPU is held busy by a sleep kernel while 50 calls are
-    queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches).
+    queued, so the wall time per call is what the CPU spends (Python, dispatcher, launches;
+    rounds in which the host waited for the GPU are not counted: timing.host_us).
 A call whose host time exceeds its GPU time is host-bound: the GPU idles between calls.
 With --timeline, also each kernel of one sm90 function call with its start and end (profiler), and
 the same for quant_qkv alone and the attention kernel alone.

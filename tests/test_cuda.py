@@ -848,16 +848,19 @@ QUANT_ATTN_CASES = [
 ]
 
 
-def _quant_then_attn(op, ext, qh, kh, vh, scale, qg, kg, smooth_k, smooth_v, vmax, v_terms, causal, accum, nhd, lse):
-    """The two ops as _cuda.forward called them before quant_attn."""
+def _quant_then_attn(op, ext, qh, kh, vh, scale, qg, kg, smooth_k, smooth_v, vmax, v_terms, causal, accum, nhd, lse,
+                     seq=None, total_q=0):
+    """The two ops as _cuda.forward (and, with packed sequences' `seq` offsets and `total_q`,
+    _cuda.forward_varlen) called them before quant_attn."""
     nq, nk, d = qh.shape[2], kh.shape[2], qh.shape[3]
     nq_pad, nk_pad = _cuda._ceil(nq, _cuda.BLOCK_Q), _cuda._ceil(nk, _cuda.kv_block(ext))
     rowdot = lse and smooth_k
+    packed = () if seq is None else (seq[0], seq[1])
     q8, qs, qdot, k8, ks, _, v8, vs, vm = op.quant_qkv(
         qh, kh, vh, scale * _cuda.LOG2E, qg, kg, smooth_k, smooth_v, rowdot, vmax, nq_pad, nk_pad,
-        _cuda.padded_head_dim(d), False, v_terms)
+        _cuda.padded_head_dim(d), False, v_terms, *packed)
     return op.attn(q8, k8, v8, qs, ks, vs, vm if smooth_v else None, qdot if rowdot else None, qg, kg, nq, nk, d,
-                   causal, _cuda.ACCUM[accum], nhd, lse, scale, qh.dtype)
+                   causal, _cuda.ACCUM[accum], nhd, lse, scale, qh.dtype, *packed, *((total_q,) if packed else ()))
 
 
 @pytest.mark.parametrize("case", QUANT_ATTN_CASES, ids=lambda c: "-".join(str(x).replace("torch.", "") for x in c))
@@ -1080,15 +1083,12 @@ def test_quant_attn_packed_gives_the_bits_of_quant_qkv_then_attn(causal):
     _, ext = _need(SM90)
     op = _cuda.ops(ext)
     d = 128
-    q, views, seq, max_q, max_k = _packed_group_args(causal, d)
+    q, views, seq, _, _ = _packed_group_args(causal, d)
     scale, total_q, accum = d ** -0.5, q.shape[0], _cuda.ACCUM["fp32+fp32"]
     o, lse = op.quant_attn(*views, scale, 8, 4, True, False, _cuda.FP8_MAX, 1, causal, accum, True, True, seq[0],
                            seq[1], total_q)
-    q8, qs, qdot, k8, ks, _, v8, vs, _ = op.quant_qkv(
-        *views, scale * _cuda.LOG2E, 8, 4, True, False, True, _cuda.FP8_MAX, _cuda._ceil(max_q, _cuda.BLOCK_Q),
-        _cuda._ceil(max_k, _cuda.SM90_BLOCK_K), _cuda.padded_head_dim(d), False, 1, seq[0], seq[1])
-    ro, rl = op.attn(q8, k8, v8, qs, ks, vs, None, qdot, 8, 4, max_q, max_k, d, causal, accum, True, True, scale,
-                     q.dtype, seq[0], seq[1], total_q)
+    ro, rl = _quant_then_attn(op, ext, *views, scale, 8, 4, True, False, _cuda.FP8_MAX, 1, causal, "fp32+fp32", True,
+                              True, seq=seq, total_q=total_q)
     # every packed row belongs to a sequence of the group (the one left out has no queries)
     assert o.shape == ro.shape == q.shape and lse.shape == rl.shape == (4, total_q)
     assert torch.equal(o, ro) and torch.isfinite(o).all()
